@@ -1,0 +1,43 @@
+# detour — see README.md. `make demo` runs the local end-to-end demo, `make test` every test;
+# both do their own set-up (Debian packages, the kube-apiserver/etcd/CNI plugin builds).
+
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.1.0-dev)
+LDFLAGS := -s -w -X github.com/detourmesh/detour/internal/version.Version=$(VERSION)
+GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
+export CGO_ENABLED ?= 0
+BIN := bin
+
+.PHONY: all build test lint fuzz bench bench-iptables bench-cni bench-webhook test-binaries demo image manifests clean
+
+all: build
+
+build:
+	go build $(GOFLAGS_BUILD) -o $(BIN)/detour ./cmd/detour
+	go build $(GOFLAGS_BUILD) -o $(BIN)/detour-cni ./cmd/detour-cni
+
+# Every test, privileged ones included when run as root (CI sets DETOUR_REQUIRE_PRIVILEGED=1,
+# which makes them required).
+test:
+	bash hack/test.sh
+
+test-binaries:
+	bash hack/test-binaries.sh
+
+lint:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
+	go vet ./...
+
+# A short run of every fuzz target (FUZZTIME each).
+FUZZTIME ?= 10s
+fuzz:
+	bash hack/fuzz.sh $(FUZZTIME)
+
+bench: bench-iptables
+
+bench-iptables:
+	bash hack/host-deps.sh
+	go test ./iptables -run '^$$' -bench . -benchtime 30x -count 1
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,59 @@
+package annotations
+
+// Prefix is the prefix of every detour annotation, label and taint key.
+const Prefix = "detour.dev/"
+
+// Keys written by users on a pod or its namespace (the pod's value wins).
+const (
+	// Inject opts a namespace or a pod in ("enabled") or out ("disabled").
+	Inject = Prefix + "inject"
+	// InitEgress selects the init containers that keep direct egress before the proxy starts:
+	// "*" (all), "none", or a comma-separated list of container names.
+	InitEgress = Prefix + "init-egress"
+	// SkipOutboundPorts lists destination ports and ranges that are never redirected.
+	SkipOutboundPorts = Prefix + "skip-outbound-ports"
+	// SkipInboundPorts lists pod ports and ranges whose inbound connections are never redirected.
+	SkipInboundPorts = Prefix + "skip-inbound-ports"
+	// SkipOutboundCIDRs lists destination networks (IPv4 and IPv6) that are never redirected.
+	SkipOutboundCIDRs = Prefix + "skip-outbound-cidrs"
+	// SidecarMode overrides where the proxy goes: "container" or "native".
+	SidecarMode = Prefix + "sidecar-mode"
+)
+
+// Keys written by the webhook only. The webhook recomputes them on every admission and
+// overwrites whatever a pod author put there; the CNI plugin reads them through [ParseRedirect].
+const (
+	// Injected marks a pod the webhook injected; its value is the detour version that did it.
+	Injected = Prefix + "injected"
+	// ProxyUID is the UID the proxy runs as; its traffic is never redirected.
+	ProxyUID = Prefix + "proxy-uid"
+	// ProxyInboundPort is the port inbound connections are redirected to.
+	ProxyInboundPort = Prefix + "proxy-inbound-port"
+	// ProxyOutboundPort is the port outbound connections are redirected to.
+	ProxyOutboundPort = Prefix + "proxy-outbound-port"
+	// RedirectSkipInboundPorts is the compiled inbound skip list (the user's list plus the
+	// proxy's admin ports).
+	RedirectSkipInboundPorts = Prefix + "redirect-skip-inbound-ports"
+	// RedirectSkipOutboundPorts is the compiled outbound port skip list.
+	RedirectSkipOutboundPorts = Prefix + "redirect-skip-outbound-ports"
+	// RedirectSkipOutboundCIDRs is the compiled outbound CIDR skip list.
+	RedirectSkipOutboundCIDRs = Prefix + "redirect-skip-outbound-cidrs"
+	// ExemptUIDs lists the init containers' UIDs whose traffic bypasses the redirect.
+	ExemptUIDs = Prefix + "exempt-uids"
+	// ExemptGIDs lists the dedicated GIDs whose traffic bypasses the redirect.
+	ExemptGIDs = Prefix + "exempt-gids"
+	// InitEgressStatus records, for people, what the webhook decided for each init container.
+	// It is informational; the plugin does not read it.
+	InitEgressStatus = Prefix + "init-egress-status"
+)
+
+// WebhookKeys lists every key only the webhook may write, in a fixed order.
+var WebhookKeys = []string{
+	Injected, ProxyUID, ProxyInboundPort, ProxyOutboundPort,
+	RedirectSkipInboundPorts, RedirectSkipOutboundPorts, RedirectSkipOutboundCIDRs,
+	ExemptUIDs, ExemptGIDs, InitEgressStatus,
+}
+
+// MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an
+// arbitrarily large ruleset.
+const MaxListItems = 64

@@ -1,0 +1,105 @@
+package annotations
+
+import (
+	"slices"
+	"strings"
+)
+
+// InjectMode is the value of [Inject].
+type InjectMode string
+
+const (
+	InjectEnabled  InjectMode = "enabled"
+	InjectDisabled InjectMode = "disabled"
+)
+
+// ParseInjectMode parses the value of [Inject].
+func ParseInjectMode(value string) (InjectMode, error) {
+	switch m := InjectMode(strings.TrimSpace(value)); m {
+	case InjectEnabled, InjectDisabled:
+		return m, nil
+	}
+	return "", errorf(Inject, value, "use \"enabled\" or \"disabled\"")
+}
+
+// SidecarModeValue is the value of [SidecarMode].
+type SidecarModeValue string
+
+const (
+	SidecarContainer SidecarModeValue = "container"
+	SidecarNative    SidecarModeValue = "native"
+)
+
+// ParseSidecarMode parses the value of [SidecarMode].
+func ParseSidecarMode(value string) (SidecarModeValue, error) {
+	switch m := SidecarModeValue(strings.TrimSpace(value)); m {
+	case SidecarContainer, SidecarNative:
+		return m, nil
+	}
+	return "", errorf(SidecarMode, value, "use \"container\" or \"native\"")
+}
+
+// InitEgressSelection is the parsed value of [InitEgress]: all init containers, none, or the
+// named ones.
+type InitEgressSelection struct {
+	All   bool
+	Names []string // sorted, without duplicates; empty with All false means none
+}
+
+// Selects reports whether the init container called name is selected.
+func (s InitEgressSelection) Selects(name string) bool {
+	if s.All {
+		return true
+	}
+	_, found := slices.BinarySearch(s.Names, name)
+	return found
+}
+
+// String formats s as ParseInitEgress reads it.
+func (s InitEgressSelection) String() string {
+	switch {
+	case s.All:
+		return "*"
+	case len(s.Names) == 0:
+		return "none"
+	}
+	return strings.Join(s.Names, ",")
+}
+
+// ParseInitEgress parses "*", "none" or a comma-separated list of init container names.
+func ParseInitEgress(value string) (InitEgressSelection, error) {
+	switch strings.TrimSpace(value) {
+	case "*":
+		return InitEgressSelection{All: true}, nil
+	case "none":
+		return InitEgressSelection{}, nil
+	}
+	parts, err := items(InitEgress, value)
+	if err != nil {
+		return InitEgressSelection{}, err
+	}
+	if len(parts) == 0 {
+		return InitEgressSelection{}, errorf(InitEgress, value, "use \"*\", \"none\" or a comma-separated list of init container names")
+	}
+	for _, p := range parts {
+		if !isDNSLabel(p) {
+			return InitEgressSelection{}, errorf(InitEgress, p,
+				"a container name is a DNS label (lower-case letters, digits and '-', at most 63 characters); use \"*\", \"none\" or a list of names")
+		}
+	}
+	slices.Sort(parts)
+	return InitEgressSelection{Names: slices.Compact(parts)}, nil
+}
+
+// isDNSLabel reports whether s is an RFC 1123 label, the form of a container name.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the privileged tests and the demo use — iptables (both the legacy
+# and nft backends) and iproute2 — when they are missing. Needs root to install; without root it
+# only reports what is missing, and the privileged tests then skip (or fail, when required).
+set -euo pipefail
+
+missing=()
+for tool in iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restore ip6tables-nft-restore; do
+	command -v "$tool" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=(iptables)
+done
+command -v ip >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+pkgs=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')
+if [ "$(id -u)" -ne 0 ]; then
+	echo "host-deps: missing Debian packages: $pkgs(run as root to install them)" >&2
+	exit 0
+fi
+echo "host-deps: installing $pkgs" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get install -y --no-install-recommends $pkgs >/dev/null 2>&1 ||
+	{ apt-get update >/dev/null && apt-get install -y --no-install-recommends $pkgs >/dev/null; }

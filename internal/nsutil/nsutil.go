@@ -1,0 +1,41 @@
+// Package nsutil is the one way detour runs code inside another network namespace: lock the OS
+// thread, switch, run, switch back. If switching back fails the thread stays locked, so the Go
+// runtime discards it when the goroutine ends instead of reusing a thread in the wrong namespace.
+package nsutil
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/vishvananda/netns"
+)
+
+// Do runs fn with the calling goroutine's thread in the network namespace at path (for example
+// /var/run/netns/cni-1234 or /proc/PID/ns/net). fn must not start goroutines that depend on the
+// namespace: they run on other threads. Processes fn starts inherit the namespace.
+func Do(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open network namespace %s: %w", path, err)
+	}
+	defer target.Close()
+
+	runtime.LockOSThread()
+	origin, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open the current network namespace: %w", err)
+	}
+	defer origin.Close()
+	if err := netns.Set(target); err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("enter network namespace %s: %w", path, err)
+	}
+	fnErr := fn()
+	if err := netns.Set(origin); err != nil {
+		// Leave the thread locked: the runtime terminates it when this goroutine exits.
+		return fmt.Errorf("return from network namespace %s: %w (after: %v)", path, err, fnErr)
+	}
+	runtime.UnlockOSThread()
+	return fnErr
+}

@@ -1,0 +1,67 @@
+package testenv
+
+import (
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+)
+
+var shared struct {
+	sync.Mutex
+	env *envtest.Environment
+	cfg *rest.Config
+	err error
+}
+
+// ControlPlane returns an admin config for a local kube-apiserver + etcd, started on first use
+// and shared by the tests of the package (it is stopped by [Main]). The binaries come from
+// hack/test-binaries.sh; the test skips (or fails, when required) without them.
+func ControlPlane(t testing.TB) *rest.Config {
+	t.Helper()
+	Binary(t, "kube-apiserver")
+	Binary(t, "etcd")
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.env == nil && shared.err == nil {
+		shared.env = NewEnvironment()
+		shared.cfg, shared.err = shared.env.Start()
+	}
+	if shared.err != nil {
+		t.Fatalf("start the local control plane from %s: %v", BinDir(), shared.err)
+	}
+	return rest.CopyConfig(shared.cfg)
+}
+
+// NewEnvironment returns an envtest environment over the cached binaries, for tests that need
+// a control plane of their own (to stop it, or to register webhooks before it starts).
+func NewEnvironment() *envtest.Environment {
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: BinDir(),
+		ControlPlane: envtest.ControlPlane{
+			APIServer: &envtest.APIServer{},
+			Etcd:      &envtest.Etcd{},
+		},
+	}
+	env.ControlPlane.APIServer.Path = filepath.Join(BinDir(), "kube-apiserver")
+	env.ControlPlane.Etcd.Path = filepath.Join(BinDir(), "etcd")
+	args := env.ControlPlane.APIServer.Configure()
+	// Works in a namespace that has only loopback, too; there is no Service endpoint to keep.
+	args.Set("advertise-address", "127.0.0.1")
+	args.Set("endpoint-reconciler-type", "none")
+	if os.Getenv("DETOUR_TEST_CONTROL_PLANE_OUTPUT") == "1" {
+		env.AttachControlPlaneOutput = true
+	}
+	return env
+}
+
+func stopControlPlane() {
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.env != nil && shared.err == nil {
+		_ = shared.env.Stop()
+	}
+}

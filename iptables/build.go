@@ -1,0 +1,166 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// Family is an IP family; each has its own nat table and tools (iptables, ip6tables).
+type Family int
+
+const (
+	IPv4 Family = iota
+	IPv6
+)
+
+func (f Family) String() string {
+	if f == IPv6 {
+		return "ipv6"
+	}
+	return "ipv4"
+}
+
+// Chain names never change: DEL, CHECK and people reading iptables-save rely on them.
+const (
+	InboundChain  = "DETOUR_INBOUND"
+	OutboundChain = "DETOUR_OUTBOUND"
+)
+
+// maxMultiport is the kernel's limit of ports in one multiport match; a range counts twice.
+const maxMultiport = 15
+
+// Config is what the ruleset is built from; the CNI plugin fills it from a pod's annotations.
+type Config struct {
+	Family            Family
+	ProxyUID          uint32
+	InboundPort       uint16
+	OutboundPort      uint16
+	SkipInboundPorts  []annotations.PortRange
+	SkipOutboundPorts []annotations.PortRange
+	// SkipOutboundCIDRs may mix families; Build keeps those of Family.
+	SkipOutboundCIDRs []netip.Prefix
+	ExemptUIDs        []uint32
+	ExemptGIDs        []uint32
+}
+
+// ConfigFromRedirect is the Config for one family from a pod's webhook-written annotations.
+func ConfigFromRedirect(r annotations.Redirect, f Family) Config {
+	return Config{
+		Family:            f,
+		ProxyUID:          r.ProxyUID,
+		InboundPort:       r.InboundPort,
+		OutboundPort:      r.OutboundPort,
+		SkipInboundPorts:  r.SkipInboundPorts,
+		SkipOutboundPorts: r.SkipOutboundPorts,
+		SkipOutboundCIDRs: r.SkipOutboundCIDRs,
+		ExemptUIDs:        r.ExemptUIDs,
+		ExemptGIDs:        r.ExemptGIDs,
+	}
+}
+
+// Rule is one rule in the form iptables-save prints it, without the "-A CHAIN" prefix.
+type Rule struct {
+	Chain string
+	Spec  string
+}
+
+func (r Rule) String() string { return "-A " + r.Chain + " " + r.Spec }
+
+// Ruleset is detour's nat rules for one family: the jumps that hook its chains into the
+// built-in PREROUTING and OUTPUT chains, and the rules of its own chains, in order.
+type Ruleset struct {
+	Family Family
+	Hooks  []Rule
+	Rules  []Rule
+}
+
+// Chains returns detour's own chains in the order iptables-save lists them.
+func Chains() []string { return []string{InboundChain, OutboundChain} }
+
+// Build returns the ruleset for c. It fails only on a config no pod should have: a proxy UID
+// of 0 (root would bypass the redirect) or a zero proxy port.
+func Build(c Config) (Ruleset, error) {
+	switch {
+	case c.ProxyUID == 0:
+		return Ruleset{}, errors.New("build rules: the proxy UID must not be 0 (root's traffic would bypass the proxy)")
+	case c.InboundPort == 0 || c.OutboundPort == 0:
+		return Ruleset{}, fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
+	}
+	rs := Ruleset{
+		Family: c.Family,
+		Hooks: []Rule{
+			{"PREROUTING", "-p tcp" + comment("inbound") + " -j " + InboundChain},
+			{"OUTPUT", "-p tcp" + comment("outbound") + " -j " + OutboundChain},
+		},
+	}
+	add := func(chain, spec string) { rs.Rules = append(rs.Rules, Rule{chain, spec}) }
+
+	// Inbound: everything TCP that arrives goes to the proxy, except the skipped ports.
+	for _, ports := range multiport(c.SkipInboundPorts) {
+		add(InboundChain, "-p tcp -m multiport --dports "+ports+comment("skip-inbound-ports")+" -j RETURN")
+	}
+	add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
+
+	// Outbound: the proxy and the exempt identities go out directly, as does anything to
+	// loopback, a skipped network or a skipped port; everything else goes to the proxy.
+	add(OutboundChain, "-m owner --uid-owner "+id(c.ProxyUID)+comment("proxy-uid")+" -j RETURN")
+	for _, uid := range c.ExemptUIDs {
+		add(OutboundChain, "-m owner --uid-owner "+id(uid)+comment("exempt-uid")+" -j RETURN")
+	}
+	for _, gid := range c.ExemptGIDs {
+		add(OutboundChain, "-m owner --gid-owner "+id(gid)+comment("exempt-gid")+" -j RETURN")
+	}
+	add(OutboundChain, "-o lo"+comment("loopback")+" -j RETURN")
+	for _, p := range c.SkipOutboundCIDRs {
+		if p.Addr().Is4() == (c.Family == IPv4) {
+			add(OutboundChain, "-d "+p.String()+comment("skip-outbound-cidr")+" -j RETURN")
+		}
+	}
+	for _, ports := range multiport(c.SkipOutboundPorts) {
+		add(OutboundChain, "-p tcp -m multiport --dports "+ports+comment("skip-outbound-ports")+" -j RETURN")
+	}
+	add(OutboundChain, "-p tcp"+comment("redirect-outbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
+	return rs, nil
+}
+
+// comment is the match that labels a rule; every rule carries one, so iptables-save output
+// explains itself.
+func comment(what string) string {
+	return ` -m comment --comment "detour/` + what + `"`
+}
+
+func id(n uint32) string { return strconv.FormatUint(uint64(n), 10) }
+
+// multiport splits ranges into multiport lists ("25,8000:8100") of at most maxMultiport ports,
+// a range counting as two.
+func multiport(ranges []annotations.PortRange) []string {
+	var lists []string
+	var cur []string
+	used := 0
+	for _, r := range ranges {
+		item, cost := strconv.Itoa(int(r.First)), 1
+		if r.First != r.Last {
+			item, cost = item+":"+strconv.Itoa(int(r.Last)), 2
+		}
+		if used+cost > maxMultiport {
+			lists = append(lists, strings.Join(cur, ","))
+			cur, used = nil, 0
+		}
+		cur, used = append(cur, item), used+cost
+	}
+	if len(cur) > 0 {
+		lists = append(lists, strings.Join(cur, ","))
+	}
+	return lists
+}
+
+// Restore renders rs as iptables-restore input for the nat table that installs it into a table
+// that holds nothing of detour's. The Executor adapts it to what a namespace already holds.
+func (rs Ruleset) Restore() string {
+	return applyInput(rs, table{})
+}

@@ -1,0 +1,168 @@
+package iptables
+
+import (
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
+
+func ports(s string) []annotations.PortRange {
+	p, err := annotations.ParsePorts("test", s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func cidrs(s string) []netip.Prefix {
+	p, err := annotations.ParseCIDRs("test", s)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+func fullConfig(f Family) Config {
+	return Config{
+		Family:            f,
+		ProxyUID:          2102,
+		InboundPort:       4143,
+		OutboundPort:      4140,
+		SkipInboundPorts:  ports("4190-4191"),
+		SkipOutboundPorts: ports("25,443,1000-1010,2000,2001,2002,2003,2004,2005,2006,2007,2008,2009,3000-3100,4000"),
+		SkipOutboundCIDRs: cidrs("10.96.0.0/12,fd00:10:96::/112,169.254.169.254"),
+		ExemptUIDs:        []uint32{1000, 1001},
+		ExemptGIDs:        []uint32{2601},
+	}
+}
+
+func TestBuildGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"minimal-ipv4", Config{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}},
+		{"full-ipv4", fullConfig(IPv4)},
+		{"full-ipv6", fullConfig(IPv6)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := Build(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, filepath.Join("testdata", tc.name+".golden"), rs.Restore())
+		})
+	}
+}
+
+func golden(t *testing.T, path, got string) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run the test with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+func TestBuildRejects(t *testing.T) {
+	for _, c := range []Config{
+		{ProxyUID: 0, InboundPort: 1, OutboundPort: 2},
+		{ProxyUID: 1, InboundPort: 0, OutboundPort: 2},
+		{ProxyUID: 1, InboundPort: 1, OutboundPort: 0},
+	} {
+		if _, err := Build(c); err == nil {
+			t.Errorf("Build(%+v) succeeded; want an error", c)
+		}
+	}
+}
+
+func TestMultiportSplitsAtKernelLimit(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want []string
+	}{
+		{"", nil},
+		{"1,2,3", []string{"1,2,3"}},
+		{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16", []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,15", "16"}},
+		{"1,2,3,4,5,6,7,8,9,10,11,12,13,14,20-30", []string{"1,2,3,4,5,6,7,8,9,10,11,12,13,14", "20:30"}},
+		{"1-2,3-4,5-6,7-8,9-10,11-12,13-14,15-16", []string{"1:2,3:4,5:6,7:8,9:10,11:12,13:14", "15:16"}},
+	} {
+		got := multiport(ports(tc.in))
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("multiport(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func FuzzBuild(f *testing.F) {
+	f.Add(uint32(2102), uint16(4143), uint16(4140), "4190-4191", "25,8000-8100", "10.0.0.0/8,fd00::/8", "1000", "2601", false)
+	f.Add(uint32(1), uint16(1), uint16(65535), "", "", "", "", "", true)
+	f.Fuzz(func(t *testing.T, uid uint32, in, out uint16, skipIn, skipOut, nets, uids, gids string, v6 bool) {
+		c := Config{Family: IPv4, ProxyUID: uid, InboundPort: in, OutboundPort: out}
+		if v6 {
+			c.Family = IPv6
+		}
+		var err error
+		if c.SkipInboundPorts, err = annotations.ParsePorts("k", skipIn); err != nil {
+			return
+		}
+		if c.SkipOutboundPorts, err = annotations.ParsePorts("k", skipOut); err != nil {
+			return
+		}
+		if c.SkipOutboundCIDRs, err = annotations.ParseCIDRs("k", nets); err != nil {
+			return
+		}
+		if c.ExemptUIDs, err = annotations.ParseIDs("k", uids); err != nil {
+			return
+		}
+		if c.ExemptGIDs, err = annotations.ParseIDs("k", gids); err != nil {
+			return
+		}
+		rs, err := Build(c)
+		if err != nil {
+			if uid != 0 && in != 0 && out != 0 {
+				t.Fatalf("Build(%+v) failed: %v", c, err)
+			}
+			return
+		}
+		text := rs.Restore()
+		for line := range strings.Lines(text) {
+			if strings.Contains(line, "--uid-owner 0 ") || strings.Contains(line, "--gid-owner 0 ") {
+				t.Fatalf("root is exempt: %s", line)
+			}
+			if strings.Contains(line, "--dports") && strings.Count(line, ",")+strings.Count(line, ":")+1 > maxMultiport {
+				t.Fatalf("multiport list over the kernel limit: %s", line)
+			}
+			if strings.HasPrefix(line, "-A ") && !strings.Contains(line, `--comment "detour/`) {
+				t.Fatalf("rule without a detour comment: %s", line)
+			}
+			if _, dst, ok := strings.Cut(line, " -d "); ok {
+				addr, _, _ := strings.Cut(dst, "/")
+				if strings.Contains(addr, ":") != v6 {
+					t.Fatalf("%s ruleset holds a CIDR of the other family: %s", c.Family, line)
+				}
+			}
+		}
+		last := rs.Rules[len(rs.Rules)-1]
+		if last.Chain != OutboundChain || !strings.HasSuffix(last.Spec, "REDIRECT --to-ports "+id(uint32(out))) {
+			t.Fatalf("the last rule must redirect outbound to %d: %s", out, last)
+		}
+		if got := parseSave(text); diff(rs, got) != nil {
+			t.Fatalf("the rendered text does not parse back to the ruleset: %v", diff(rs, got))
+		}
+	})
+}

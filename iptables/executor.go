@@ -1,0 +1,207 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/detourmesh/detour/internal/nsutil"
+)
+
+// lockWait is how long the tools wait for the xtables lock ("-w"), shared with every other
+// iptables user on the node.
+const lockWait = "5"
+
+// Executor applies, removes and checks detour's rules inside network namespaces. It is the only
+// code in detour that changes iptables state.
+type Executor struct {
+	runner  Runner
+	backend Backend
+
+	once     sync.Once
+	prefer   Backend
+	toolsErr map[Family]error
+	found    map[Family]map[Backend]tools
+}
+
+// Option configures an Executor.
+type Option func(*Executor)
+
+// WithRunner makes the Executor run its commands through r (default ExecRunner).
+func WithRunner(r Runner) Option { return func(e *Executor) { e.runner = r } }
+
+// WithBackend pins the backend instead of detecting it (default BackendAuto).
+func WithBackend(b Backend) Option { return func(e *Executor) { e.backend = b } }
+
+// NewExecutor returns an Executor; it looks the tools up on PATH on first use.
+func NewExecutor(opts ...Option) *Executor {
+	e := &Executor{runner: ExecRunner{}, backend: BackendAuto}
+	for _, o := range opts {
+		o(e)
+	}
+	return e
+}
+
+func (e *Executor) lookup() {
+	e.once.Do(func() {
+		e.prefer = e.backend
+		if e.backend == BackendAuto {
+			e.prefer = hostDefault()
+		}
+		e.found = map[Family]map[Backend]tools{}
+		e.toolsErr = map[Family]error{}
+		for _, f := range []Family{IPv4, IPv6} {
+			e.found[f] = map[Backend]tools{}
+			var errs []error
+			for _, b := range []Backend{e.prefer, e.prefer.other()} {
+				if e.backend != BackendAuto && b != e.backend {
+					continue
+				}
+				t, err := lookupTools(b, f)
+				if err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				e.found[f][b] = t
+			}
+			if len(e.found[f]) == 0 {
+				e.toolsErr[f] = fmt.Errorf("no usable %s iptables backend: %w; install iptables (1.8 or later) on the node", f, errors.Join(errs...))
+			}
+		}
+	})
+}
+
+// Usable reports whether the tools for family f are on PATH, and why not.
+func (e *Executor) Usable(f Family) error {
+	e.lookup()
+	return e.toolsErr[f]
+}
+
+// state is one family's backend in a namespace and what its nat table holds.
+type state struct {
+	tools tools
+	raw   string // the iptables-save output
+	table table
+}
+
+// inspect picks the backend for family f in the current namespace — the one that already holds
+// rules, else the preferred one — and returns its nat table. Call it inside nsutil.Do.
+func (e *Executor) inspect(ctx context.Context, f Family) (state, error) {
+	e.lookup()
+	if err := e.toolsErr[f]; err != nil {
+		return state{}, err
+	}
+	var first *state
+	for _, b := range []Backend{e.prefer, e.prefer.other()} {
+		t, ok := e.found[f][b]
+		if !ok {
+			continue
+		}
+		s := state{tools: t}
+		// The legacy nat table of a namespace exists only once something used it; reading that
+		// from /proc saves running the tool in fresh pod namespaces.
+		if b != BackendLegacy || legacyNatLoaded(f) {
+			out, err := e.runner.Run(ctx, t.save, []string{"-t", "nat"}, nil)
+			if err != nil {
+				return state{}, fmt.Errorf("read the %s nat table: %w", f, err)
+			}
+			s.raw, s.table = string(out), parseSave(string(out))
+		}
+		if s.table.hasRules() {
+			return s, nil
+		}
+		if first == nil {
+			first = &s
+		}
+	}
+	return *first, nil
+}
+
+func (e *Executor) restore(ctx context.Context, s state, input string) error {
+	if _, err := e.runner.Run(ctx, s.tools.restore, []string{"--noflush", "-w", lockWait}, []byte(input)); err != nil {
+		return fmt.Errorf("%s-restore (%s backend): %w", s.tools.restore, s.tools.backend, err)
+	}
+	return nil
+}
+
+// Apply installs each ruleset (one per family) in the network namespace at nsPath, replacing
+// whatever detour had installed there before, with one iptables-restore per family.
+func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
+	return nsutil.Do(nsPath, func() error {
+		for _, rs := range rulesets {
+			s, err := e.inspect(ctx, rs.Family)
+			if err != nil {
+				return fmt.Errorf("apply %s rules in %s: %w", rs.Family, nsPath, err)
+			}
+			if err := e.restore(ctx, s, applyInput(rs, s.table)); err != nil {
+				return fmt.Errorf("apply %s rules in %s: %w", rs.Family, nsPath, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Remove deletes every chain and jump of detour's for each family in the namespace at nsPath,
+// leaving other rules alone. Removing from a namespace without detour's rules succeeds.
+func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family) error {
+	return nsutil.Do(nsPath, func() error {
+		for _, f := range families {
+			if e.Usable(f) != nil && f == IPv6 {
+				continue // no ip6tables on the node: nothing of ours can be there
+			}
+			s, err := e.inspect(ctx, f)
+			if err != nil {
+				return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
+			}
+			if input := removeInput(s.table); input != "" {
+				if err := e.restore(ctx, s, input); err != nil {
+					return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// Check compares the live rules in the namespace at nsPath with the rulesets and returns the
+// first difference in words, or nil when they match.
+func (e *Executor) Check(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
+	return nsutil.Do(nsPath, func() error {
+		for _, rs := range rulesets {
+			s, err := e.inspect(ctx, rs.Family)
+			if err != nil {
+				return fmt.Errorf("check %s rules in %s: %w", rs.Family, nsPath, err)
+			}
+			if err := diff(rs, s.table); err != nil {
+				return fmt.Errorf("check rules in %s (%s backend): %w", nsPath, s.tools.backend, err)
+			}
+		}
+		return nil
+	})
+}
+
+// Save returns the nat table of family f in the namespace at nsPath as iptables-save prints it,
+// from the backend detour uses there; for diagnostics and tests.
+func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (string, Backend, error) {
+	var s state
+	err := nsutil.Do(nsPath, func() (err error) {
+		s, err = e.inspect(ctx, f)
+		return err
+	})
+	return s.raw, s.tools.backend, err
+}
+
+// legacyNatLoaded reports whether the legacy nat table of family f exists in the calling
+// thread's network namespace.
+func legacyNatLoaded(f Family) bool {
+	names := "/proc/thread-self/net/ip_tables_names"
+	if f == IPv6 {
+		names = "/proc/thread-self/net/ip6_tables_names"
+	}
+	b, err := os.ReadFile(names)
+	return err == nil && slices.Contains(strings.Fields(string(b)), "nat")
+}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -47,7 +47,9 @@ func newTopology(t *testing.T, f iptables.Family) *topology {
 	testenv.Link(t, tp.pod, "eth0", []netip.Prefix{netip.PrefixFrom(tp.podIP, bits)},
 		tp.remote, "eth0", []netip.Prefix{netip.PrefixFrom(tp.remoteIP, bits), netip.PrefixFrom(tp.skippedIP, bits)})
 
-	at := func(port string) string { return netip.AddrPortFrom(netip.MustParseAddr(any), 0).Addr().String() + port }
+	at := func(port string) string {
+		return netip.AddrPortFrom(netip.MustParseAddr(any), 0).Addr().String() + port
+	}
 	if f == iptables.IPv6 {
 		at = func(port string) string { return "[::]" + port }
 	}

@@ -1,0 +1,69 @@
+package testenv_test
+
+import (
+	"context"
+	"net/netip"
+	"os"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/detourmesh/detour/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func TestIntegrationControlPlane(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "testenv-"}}
+	created, err := client.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create a namespace in the local apiserver: %v", err)
+	}
+	info, err := client.Discovery().ServerVersion()
+	if err != nil || info.Major != "1" || info.GitVersion == "v0.0.0-master" {
+		t.Fatalf("server version %+v, %v: the apiserver must report its real version", info, err)
+	}
+	t.Logf("apiserver %s, namespace %s", info.GitVersion, created.Name)
+}
+
+// Namespaces are connected, clients run as the requested identity, a server reports where a
+// connection was headed, and cleanup leaves no namespace behind.
+func TestIntegrationNamespacesAndClients(t *testing.T) {
+	var paths []string
+	t.Run("traffic", func(t *testing.T) {
+		a, b := testenv.NewNetNS(t), testenv.NewNetNS(t)
+		paths = append(paths, a.Path, b.Path)
+		testenv.Link(t, a, "eth0", []netip.Prefix{netip.MustParsePrefix("10.88.0.1/24"), netip.MustParsePrefix("fd88::1/64")},
+			b, "eth0", []netip.Prefix{netip.MustParsePrefix("10.88.0.2/24"), netip.MustParsePrefix("fd88::2/64")})
+		testenv.Serve(t, b, "b4", "tcp4", "0.0.0.0:7000")
+		testenv.Serve(t, b, "b6", "tcp6", "[::]:7000")
+		for _, tc := range []struct {
+			addr, want string
+		}{
+			{"10.88.0.2:7000", "b4 10.88.0.2:7000"},
+			{"[fd88::2]:7000", "b6 [fd88::2]:7000"},
+		} {
+			got, err := testenv.Dial(t, a, testenv.Identity{UID: 4242, GID: 4242}, netip.MustParseAddrPort(tc.addr))
+			if err != nil || got != tc.want {
+				t.Errorf("dial %s = %q, %v; want %q", tc.addr, got, err, tc.want)
+			}
+		}
+		if _, err := testenv.Dial(t, a, testenv.Identity{}, netip.MustParseAddrPort("10.88.0.2:7001")); err == nil {
+			t.Error("dialing a closed port succeeded")
+		}
+		out, err := testenv.RunHelper(a, testenv.Identity{UID: 4242, GID: 4343}, "id")
+		if err != nil || out != "4242 4343\n" {
+			t.Errorf("helper identity = %q, %v; want uid 4242 gid 4343", out, err)
+		}
+	})
+	for _, p := range paths {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("namespace %s is still there after its test ended", p)
+		}
+	}
+}

@@ -1,0 +1,17 @@
+package annotations
+
+// Names of the containers the webhook injects. The repair controller finds the validator by
+// its name, and the webhook recognizes a pod it already injected by them, so they never change.
+const (
+	ProxyContainer     = "detour-proxy"
+	ValidatorContainer = "detour-validator"
+)
+
+// Node readiness, set by the node agent once detour's CNI config is in place.
+const (
+	// CNIReadyLabel is set to "true" on a node whose CNI config includes detour.
+	CNIReadyLabel = Prefix + "cni-ready"
+	// CNINotReadyTaint is the default key of the startup taint nodes are registered with; the
+	// node agent removes it once detour's CNI config is in place.
+	CNINotReadyTaint = Prefix + "cni-not-ready"
+)

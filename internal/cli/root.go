@@ -1,0 +1,45 @@
+// Package cli holds detour's cobra commands; cmd/detour only wires them to the process. Each
+// command parses its flags, builds the component from its package, and returns errors — only
+// main exits.
+package cli
+
+import (
+	"errors"
+
+	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/internal/version"
+)
+
+// NewRoot returns the detour command with every subcommand.
+func NewRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "detour",
+		Short:         "CNI-based traffic capture for service-mesh sidecars",
+		Version:       version.Version,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+	// Each component adds its command here.
+	)
+	return root
+}
+
+// ExitError is an error that asks main for a specific exit code (the validator's documented
+// codes, for instance).
+type ExitError struct {
+	Code int
+	Err  error
+}
+
+func (e *ExitError) Error() string { return e.Err.Error() }
+func (e *ExitError) Unwrap() error { return e.Err }
+
+// ExitCode is the process exit code for err: an ExitError's code, else 1.
+func ExitCode(err error) int {
+	if e, ok := errors.AsType[*ExitError](err); ok {
+		return e.Code
+	}
+	return 1
+}

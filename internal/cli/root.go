@@ -21,7 +21,8 @@ func NewRoot() *cobra.Command {
 		SilenceErrors: true,
 	}
 	root.AddCommand(
-	// Each component adds its command here.
+		// Each component adds its command here.
+		newValidateCommand(),
 	)
 	return root
 }

@@ -1,0 +1,62 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/validator"
+)
+
+// newValidateCommand returns `detour validate`, the injected validator init container.
+func newValidateCommand() *cobra.Command {
+	f := validator.DefaultFlags()
+	cmd := &cobra.Command{
+		Use:   "validate",
+		Short: "Prove that this pod's outbound traffic is redirected to the proxy port (init container)",
+		Long: `validate runs as the first init container of every pod the detour webhook injects. It listens
+on the proxy's outbound port, connects to a sentinel address outside the pod, and succeeds only if the
+connection comes back to its own listener — proof that the detour CNI plugin installed the redirect.
+
+Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller recreates such pods);
+43 another process holds the port; 2 bad flags; 1 the check could not run. See docs/validator.md.`,
+		Example: `  # What the webhook injects (proxy outbound port 4140):
+  detour validate --port=4140
+
+  # Check IPv6 too, with a 3 second bound:
+  detour validate --port=4140 --ipv6=on --timeout=3s`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.Parse()
+			if err != nil {
+				return &ExitError{Code: validator.Code(err), Err: err}
+			}
+			res, err := validator.New(cfg).Run(cmd.Context())
+			if err != nil {
+				return &ExitError{Code: validator.Code(err), Err: err}
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), res)
+			return nil
+		},
+	}
+	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
+		return &ExitError{Code: validator.ExitUsage, Err: err}
+	})
+	fl := cmd.Flags()
+	fl.IntVar(&f.Port, "port", f.Port, "the proxy's outbound port, where the redirect sends outbound connections")
+	fl.StringVar(&f.Sentinel, "sentinel", f.Sentinel, "IPv4 address:port outside the pod to connect to (a documentation address no network routes)")
+	fl.StringVar(&f.Sentinel6, "sentinel6", f.Sentinel6, "IPv6 [address]:port outside the pod to connect to")
+	fl.DurationVar(&f.Timeout, "timeout", f.Timeout, "bound of the whole check")
+	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `check IPv6 too: "auto" (when the pod has a global IPv6 address), "on" or "off"`)
+	return cmd
+}
+
+// usageArgs makes an argument check's error a usage error (exit code 2).
+func usageArgs(check cobra.PositionalArgs) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if err := check(cmd, args); err != nil {
+			return &ExitError{Code: validator.ExitUsage, Err: err}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,175 @@
+package validator_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/detourmesh/detour/internal/cli"
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/validator"
+)
+
+func TestMain(m *testing.M) {
+	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": detourMain})
+}
+
+// detourMain is cmd/detour's main, run in a child process: the real command line, its output
+// and its exit code.
+func detourMain(args []string) int {
+	root := cli.NewRoot()
+	root.SetArgs(args)
+	if err := root.ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "detour:", err)
+		return cli.ExitCode(err)
+	}
+	return 0
+}
+
+// The pod's identities: the validator runs as a UID of its own, never exempt.
+var (
+	validatorID = testenv.Identity{UID: 2103, GID: 2103}
+	proxyID     = testenv.Identity{UID: 2102, GID: 2102}
+)
+
+// podNamespace is a pod's network namespace whose default routes lead over a veth to a
+// gateway that silently drops everything (a static neighbor entry whose MAC no interface has):
+// a connection the redirect does not catch times out, as toward an unrouted address in a
+// cluster, and no traffic leaves the test's namespaces.
+func podNamespace(t *testing.T, dualStack bool) *testenv.NetNS {
+	t.Helper()
+	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	podAddrs := []netip.Prefix{netip.MustParsePrefix("10.250.0.2/24")}
+	peerAddrs := []netip.Prefix{netip.MustParsePrefix("10.250.0.1/24")}
+	gateways := []netip.Addr{netip.MustParseAddr("10.250.0.9")}
+	if dualStack {
+		podAddrs = append(podAddrs, netip.MustParsePrefix("fd25::2/64"))
+		peerAddrs = append(peerAddrs, netip.MustParsePrefix("fd25::1/64"))
+		gateways = append(gateways, netip.MustParseAddr("fd25::9"))
+	}
+	testenv.Link(t, pod, "eth0", podAddrs, peer, "eth0", peerAddrs)
+	err := pod.Handle(func(h *netlink.Handle) error {
+		link, err := h.LinkByName("eth0")
+		if err != nil {
+			return err
+		}
+		for _, gw := range gateways {
+			family := netlink.FAMILY_V4
+			if gw.Is6() {
+				family = netlink.FAMILY_V6
+			}
+			neigh := &netlink.Neigh{LinkIndex: link.Attrs().Index, Family: family, State: netlink.NUD_PERMANENT,
+				IP: gw.AsSlice(), HardwareAddr: net.HardwareAddr{0x02, 0, 0, 0, 0, 0x09}}
+			if err := h.NeighAdd(neigh); err != nil {
+				return fmt.Errorf("neighbor %s: %w", gw, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("set up the pod namespace: %v", err)
+	}
+	testenv.AddRoute(t, pod, netip.MustParsePrefix("0.0.0.0/0"), gateways[0])
+	if dualStack {
+		testenv.AddRoute(t, pod, netip.MustParsePrefix("::/0"), gateways[1])
+	}
+	return pod
+}
+
+// installRedirect installs the plugin's rules, as detour-cni would for an injected pod whose
+// proxy runs as proxyID with outbound port 4140.
+func installRedirect(t *testing.T, ns *testenv.NetNS, families ...iptables.Family) {
+	t.Helper()
+	var rulesets []iptables.Ruleset
+	for _, f := range families {
+		rs, err := iptables.Build(iptables.Config{Family: f, ProxyUID: proxyID.UID, InboundPort: 4143, OutboundPort: 4140})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
+		t.Fatalf("install the redirect: %v", err)
+	}
+}
+
+// validate runs `detour validate args...` in ns as id; the deadline only stops a hung child.
+func validate(t *testing.T, ns *testenv.NetNS, id testenv.Identity, args ...string) testenv.ChildResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	res, err := testenv.RunChild(ctx, ns, id, "detour", append([]string{"validate"}, args...)...)
+	if err != nil {
+		t.Fatalf("detour validate: %v (stderr: %s)", err, res.Stderr)
+	}
+	return res
+}
+
+func TestIntegrationValidatorWithRedirect(t *testing.T) {
+	ns := podNamespace(t, true)
+	installRedirect(t, ns, iptables.IPv4, iptables.IPv6)
+	res := validate(t, ns, validatorID, "--port=4140")
+	if res.ExitCode != validator.ExitOK {
+		t.Fatalf("exit code %d, want 0; stderr: %s", res.ExitCode, res.Stderr)
+	}
+	for _, want := range []string{"redirect in place:", "ipv4 connection to 203.0.113.254:80 came back to port 4140", "ipv6 connection to [2001:db8::fe]:80 came back to port 4140"} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("stdout %q does not contain %q", res.Stdout, want)
+		}
+	}
+}
+
+func TestIntegrationValidatorWithoutRedirect(t *testing.T) {
+	ns := podNamespace(t, false)
+	res := validate(t, ns, validatorID, "--port=4140", "--timeout=1s")
+	if res.ExitCode != validator.ExitNoRedirect {
+		t.Fatalf("exit code %d, want %d; stderr: %s", res.ExitCode, validator.ExitNoRedirect, res.Stderr)
+	}
+	want := "detour: no redirect in this pod's network namespace: expected connections to 203.0.113.254:80 to be redirected to port 4140 of this pod, " +
+		"but the ipv4 connection to 203.0.113.254:80 timed out after 1s: the detour CNI plugin did not run for this pod — was the node's CNI config in place when the pod started?"
+	if res.Stderr != want {
+		t.Errorf("stderr\n%s\nwant\n%s", res.Stderr, want)
+	}
+}
+
+// The proxy's UID is exempt from the redirect, so a validator running as it finds none: the
+// check is the real path of a connection, not a look at the rules.
+func TestIntegrationValidatorExemptIdentityFails(t *testing.T) {
+	ns := podNamespace(t, false)
+	installRedirect(t, ns, iptables.IPv4)
+	res := validate(t, ns, proxyID, "--port=4140", "--timeout=1s")
+	if res.ExitCode != validator.ExitNoRedirect {
+		t.Fatalf("exit code %d, want %d; stderr: %s", res.ExitCode, validator.ExitNoRedirect, res.Stderr)
+	}
+}
+
+func TestIntegrationValidatorPortHeld(t *testing.T) {
+	ns := podNamespace(t, false)
+	installRedirect(t, ns, iptables.IPv4)
+	testenv.Serve(t, ns, "unrelated", "tcp4", "0.0.0.0:4140")
+	res := validate(t, ns, validatorID, "--port=4140")
+	if res.ExitCode != validator.ExitPortInUse {
+		t.Fatalf("exit code %d, want %d; stderr: %s", res.ExitCode, validator.ExitPortInUse, res.Stderr)
+	}
+	if want := "detour: port 4140 is already in use in this pod's network namespace (listen on 127.0.0.1:4140: address already in use)"; !strings.HasPrefix(res.Stderr, want) {
+		t.Errorf("stderr %q does not start with %q", res.Stderr, want)
+	}
+}
+
+func TestIntegrationValidatorBadFlags(t *testing.T) {
+	ns := podNamespace(t, false)
+	for _, args := range [][]string{{"--port=0"}, {"--no-such-flag"}, {"extra-argument"}, {"--sentinel=127.0.0.1:80"}} {
+		res := validate(t, ns, validatorID, args...)
+		if res.ExitCode != validator.ExitUsage || res.Stderr == "" {
+			t.Errorf("validate %v: exit code %d, stderr %q; want %d and a message", args, res.ExitCode, res.Stderr, validator.ExitUsage)
+		}
+	}
+}

@@ -1,0 +1,264 @@
+package validator
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Dialer opens the connection to the sentinel; *net.Dialer is the real one.
+type Dialer interface {
+	DialContext(ctx context.Context, network, address string) (net.Conn, error)
+}
+
+// Validator runs the check of one Config.
+type Validator struct {
+	cfg     Config
+	dialer  Dialer
+	hasIPv6 func() (bool, error)
+}
+
+// Option configures a Validator.
+type Option func(*Validator)
+
+// WithDialer replaces the dialer (tests simulate a redirect with it).
+func WithDialer(d Dialer) Option { return func(v *Validator) { v.dialer = d } }
+
+// WithIPv6Detector replaces how IPv6Auto decides whether the pod has IPv6 (default: a global
+// IPv6 address on any interface).
+func WithIPv6Detector(f func() (bool, error)) Option { return func(v *Validator) { v.hasIPv6 = f } }
+
+// New returns a Validator for cfg.
+func New(cfg Config, opts ...Option) *Validator {
+	v := &Validator{cfg: cfg, dialer: &net.Dialer{}, hasIPv6: hasGlobalIPv6}
+	for _, o := range opts {
+		o(v)
+	}
+	return v
+}
+
+// Check is the successful check of one family.
+type Check struct {
+	Family   string
+	Sentinel netip.AddrPort
+	Elapsed  time.Duration
+}
+
+// Result is what a successful run checked.
+type Result struct {
+	Port   uint16
+	Checks []Check
+}
+
+// String is the line `detour validate` prints on success.
+func (r Result) String() string {
+	parts := make([]string, len(r.Checks))
+	for i, c := range r.Checks {
+		parts[i] = fmt.Sprintf("%s connection to %s came back to port %d in %s", c.Family, c.Sentinel, r.Port, c.Elapsed.Round(time.Microsecond))
+	}
+	return "redirect in place: " + strings.Join(parts, "; ")
+}
+
+// family is one IP family's part of the check.
+type family struct {
+	name     string
+	network  string
+	loopback string
+	sentinel netip.AddrPort
+}
+
+// Run performs the check: it listens on the proxy's outbound port on loopback (where a REDIRECT
+// delivers locally generated connections), connects to the sentinel of every checked family at
+// once, and passes when each connection is answered with the token its listener serves. It
+// returns within the configured timeout; its error is an [*Error] whose Code is the exit code.
+func (v *Validator) Run(ctx context.Context) (Result, error) {
+	res := Result{Port: v.cfg.Port}
+	families := []family{{"ipv4", "tcp4", "127.0.0.1", v.cfg.Sentinel}}
+	check6 := v.cfg.IPv6 == IPv6On
+	if v.cfg.IPv6 == IPv6Auto {
+		var err error
+		if check6, err = v.hasIPv6(); err != nil {
+			return res, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv6 (%v): set --ipv6=on or --ipv6=off", err)}
+		}
+	}
+	if check6 {
+		families = append(families, family{"ipv6", "tcp6", "::1", v.cfg.Sentinel6})
+	}
+
+	token, err := newToken()
+	if err != nil {
+		return res, &Error{Code: ExitFailure, Msg: fmt.Sprintf("generate the validator's token: %v", err)}
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, f := range families {
+		ln, err := v.listen(f)
+		if err != nil {
+			return res, err
+		}
+		defer ln.Close()
+		wg.Go(func() { serve(ln, token) })
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
+	defer cancel()
+	start := time.Now()
+	outcomes := make([]error, len(families))
+	elapsed := make([]time.Duration, len(families))
+	var checks sync.WaitGroup
+	for i, f := range families {
+		checks.Go(func() {
+			outcomes[i] = v.probe(ctx, f, token)
+			elapsed[i] = time.Since(start)
+		})
+	}
+	checks.Wait()
+
+	var failed []string
+	for i, f := range families {
+		if outcomes[i] != nil {
+			failed = append(failed, fmt.Sprintf("the %s connection to %s %v", f.name, f.sentinel, outcomes[i]))
+			continue
+		}
+		res.Checks = append(res.Checks, Check{Family: f.name, Sentinel: f.sentinel, Elapsed: elapsed[i]})
+	}
+	if len(failed) == 0 {
+		return res, nil
+	}
+	return res, v.noRedirect(families, failed, len(res.Checks) > 0)
+}
+
+// noRedirect builds the one-line ExitNoRedirect message: expected, happened, likely cause.
+func (v *Validator) noRedirect(families []family, failed []string, partly bool) error {
+	var sentinels []string
+	for _, f := range families {
+		sentinels = append(sentinels, f.sentinel.String())
+	}
+	cause := "the detour CNI plugin did not run for this pod — was the node's CNI config in place when the pod started?"
+	if partly {
+		cause = "the detour CNI plugin installed rules for one IP family only — check the plugin's ipv6 setting and this validator's --ipv6"
+	}
+	return &Error{Code: ExitNoRedirect, Msg: fmt.Sprintf(
+		"no redirect in this pod's network namespace: expected connections to %s to be redirected to port %d of this pod, but %s: %s",
+		strings.Join(sentinels, " and "), v.cfg.Port, strings.Join(failed, ", and "), cause)}
+}
+
+// listen opens the family's listener on the proxy's outbound port.
+func (v *Validator) listen(f family) (net.Listener, error) {
+	addr := net.JoinHostPort(f.loopback, fmt.Sprint(v.cfg.Port))
+	ln, err := net.Listen(f.network, addr)
+	switch {
+	case err == nil:
+		return ln, nil
+	case errors.Is(err, syscall.EADDRINUSE):
+		return nil, &Error{Code: ExitPortInUse, Msg: fmt.Sprintf(
+			"port %d is already in use in this pod's network namespace (listen on %s: address already in use): the validator must listen there itself to prove the redirect, "+
+				"so it has to run before the proxy and anything else that uses the proxy's outbound port — check that --port is the proxy's outbound port and that no container or hostNetwork process holding it starts first",
+			v.cfg.Port, addr)}
+	default:
+		return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot listen on %s to receive the redirected %s connection: %v", addr, f.name, err)}
+	}
+}
+
+// serve answers every connection with the token, until the listener closes.
+func serve(ln net.Listener, token string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write([]byte(token + "\n"))
+		_ = c.Close()
+	}
+}
+
+// probe connects to the family's sentinel and reads the answer. Its error completes the
+// sentence "the ipv4 connection to 203.0.113.254:80 ...".
+func (v *Validator) probe(ctx context.Context, f family, token string) error {
+	c, err := v.dialer.DialContext(ctx, f.network, f.sentinel.String())
+	if err != nil {
+		return describeDialError(err, v.cfg.Timeout)
+	}
+	defer c.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(deadline)
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	answer := strings.TrimSpace(line)
+	switch {
+	case answer == token:
+		return nil
+	case err != nil && answer == "":
+		return fmt.Errorf("was established but not by this validator's listener (reading its answer: %v)", describeReadError(err, v.cfg.Timeout))
+	default:
+		return fmt.Errorf("reached a server other than this validator (it answered %q)", truncate(answer, 40))
+	}
+}
+
+func describeDialError(err error, timeout time.Duration) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err):
+		return fmt.Errorf("timed out after %s", timeout)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return errors.New("was refused")
+	case errors.Is(err, syscall.ENETUNREACH):
+		return errors.New("failed: the network is unreachable")
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return errors.New("failed: no route to host")
+	default:
+		return fmt.Errorf("failed: %v", err)
+	}
+}
+
+func describeReadError(err error, timeout time.Duration) string {
+	if os.IsTimeout(err) {
+		return "timed out after " + timeout.String()
+	}
+	return err.Error()
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func newToken() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return "detour-validator-" + hex.EncodeToString(b[:]), nil
+}
+
+// hasGlobalIPv6 reports whether an interface of the current network namespace has a global
+// unicast IPv6 address (unique local addresses count: pods commonly get them).
+func hasGlobalIPv6() (bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("list interface addresses: %w", err)
+	}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if ok && ip.Is6() && !ip.Is4In6() && ip.IsGlobalUnicast() {
+			return true, nil
+		}
+	}
+	return false, nil
+}

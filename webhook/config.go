@@ -1,0 +1,502 @@
+package webhook
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/version"
+)
+
+// DefaultConfigPath is where `detour webhook` reads its configuration (a mounted ConfigMap).
+const DefaultConfigPath = "/etc/detour/webhook/config.yaml"
+
+// Defaults of the configuration; docs/webhook.md lists them with every field.
+const (
+	DefaultProxyUID          = 2102
+	DefaultProxyInboundPort  = 4143
+	DefaultProxyOutboundPort = 4140
+	DefaultProxyAdminPort    = 4191
+	DefaultValidatorUID      = 2103
+	DefaultValidatorTimeout  = 5 * time.Second
+	DefaultGIDFirst          = 2600
+	DefaultGIDLast           = 2699
+	// DefaultValidatorImageRepository is the detour image; the validator is `detour validate`.
+	DefaultValidatorImageRepository = "ghcr.io/detourmesh/detour"
+	// maxGIDRange bounds the reserved range so a typo cannot reserve most of the GID space.
+	maxGIDRange = 65536
+)
+
+// ConflictPolicy says what happens to a pod whose init container cannot be given egress.
+type ConflictPolicy string
+
+const (
+	// ConflictWarn admits the pod with a warning (the init container's connections are
+	// redirected to a proxy that is not running yet).
+	ConflictWarn ConflictPolicy = "warn"
+	// ConflictDeny denies the pod with a message that says how to fix it.
+	ConflictDeny ConflictPolicy = "deny"
+)
+
+// SidecarMode is where the proxy goes: a regular container, a native sidecar (an init
+// container with restartPolicy Always), or native when the cluster supports it.
+type SidecarMode string
+
+const (
+	SidecarAuto      SidecarMode = "auto"
+	SidecarContainer SidecarMode = "container"
+	SidecarNative    SidecarMode = "native"
+)
+
+// Config is the webhook's configuration, defaulted and validated by [ParseConfig]: every field
+// holds a usable value, so callers never check them again.
+type Config struct {
+	Proxy     Proxy
+	Validator Validator
+	// InitEgress is the default init-container selection when neither the pod nor its
+	// namespace sets detour.dev/init-egress.
+	InitEgress annotations.InitEgressSelection
+	// GIDRange is the reserved range of dedicated GIDs for init containers whose UID cannot
+	// be exempted; it holds neither the proxy's nor the validator's GID.
+	GIDRange       GIDRange
+	ConflictPolicy ConflictPolicy
+	SidecarMode    SidecarMode
+	// ExcludeNamespaces are never injected, whatever their annotations say.
+	ExcludeNamespaces []string
+}
+
+// Proxy is the template of the injected proxy container.
+type Proxy struct {
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	UID, GID        uint32
+	InboundPort     uint16
+	OutboundPort    uint16
+	// AdminPorts are the proxy's own listeners (metrics, health); inbound connections to them
+	// are never redirected.
+	AdminPorts     []uint16
+	Command, Args  []string
+	Env            []corev1.EnvVar
+	Resources      corev1.ResourceRequirements
+	ReadinessProbe *corev1.Probe
+	LivenessProbe  *corev1.Probe
+	StartupProbe   *corev1.Probe
+}
+
+// Validator is the template of the injected validator init container.
+type Validator struct {
+	Image           string
+	ImagePullPolicy corev1.PullPolicy
+	UID, GID        uint32
+	Timeout         time.Duration
+	// Sentinel is an optional host:port the validator dials; empty leaves it to the validator.
+	Sentinel  string
+	Resources corev1.ResourceRequirements
+}
+
+// GIDRange is an inclusive range of GIDs.
+type GIDRange struct{ First, Last uint32 }
+
+// Contains reports whether gid is in r.
+func (r GIDRange) Contains(gid uint32) bool { return gid >= r.First && gid <= r.Last }
+
+func (r GIDRange) String() string { return fmt.Sprintf("%d-%d", r.First, r.Last) }
+
+// ParseGIDRange parses "first-last" (the form of the --gid-range flag).
+func ParseGIDRange(s string) (GIDRangeFile, error) {
+	a, b, ok := strings.Cut(strings.TrimSpace(s), "-")
+	first, err1 := strconv.ParseInt(strings.TrimSpace(a), 10, 64)
+	last, err2 := strconv.ParseInt(strings.TrimSpace(b), 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return GIDRangeFile{}, fmt.Errorf("gid range %q: write it as first-last, e.g. %d-%d", s, DefaultGIDFirst, DefaultGIDLast)
+	}
+	return GIDRangeFile{First: &first, Last: &last}, nil
+}
+
+// File is the configuration file as written (YAML or JSON); unset fields take their defaults.
+// docs/webhook.md documents every field.
+type File struct {
+	Proxy     ProxyFile     `json:"proxy"`
+	Validator ValidatorFile `json:"validator"`
+	// InitEgress: "*", "none" or a comma-separated list of init container names.
+	InitEgress string `json:"initEgress,omitempty"`
+	// GIDRange is the reserved range of dedicated GIDs.
+	GIDRange GIDRangeFile `json:"gidRange"`
+	// ConflictPolicy: "warn" or "deny".
+	ConflictPolicy string `json:"conflictPolicy,omitempty"`
+	// SidecarMode: "auto", "container" or "native".
+	SidecarMode string `json:"sidecarMode,omitempty"`
+	// ExcludeNamespaces; unset means kube-system, kube-public and kube-node-lease, an empty
+	// list means none.
+	ExcludeNamespaces *[]string `json:"excludeNamespaces,omitempty"`
+}
+
+// ProxyFile is the proxy section of [File].
+type ProxyFile struct {
+	Image           string                       `json:"image,omitempty"`
+	ImagePullPolicy corev1.PullPolicy            `json:"imagePullPolicy,omitempty"`
+	UID             *int64                       `json:"uid,omitempty"`
+	GID             *int64                       `json:"gid,omitempty"`
+	InboundPort     *int64                       `json:"inboundPort,omitempty"`
+	OutboundPort    *int64                       `json:"outboundPort,omitempty"`
+	AdminPorts      *[]int64                     `json:"adminPorts,omitempty"`
+	Command         []string                     `json:"command,omitempty"`
+	Args            []string                     `json:"args,omitempty"`
+	Env             []corev1.EnvVar              `json:"env,omitempty"`
+	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
+	ReadinessProbe  *corev1.Probe                `json:"readinessProbe,omitempty"`
+	LivenessProbe   *corev1.Probe                `json:"livenessProbe,omitempty"`
+	StartupProbe    *corev1.Probe                `json:"startupProbe,omitempty"`
+}
+
+// ValidatorFile is the validator section of [File].
+type ValidatorFile struct {
+	Image           string                       `json:"image,omitempty"`
+	ImagePullPolicy corev1.PullPolicy            `json:"imagePullPolicy,omitempty"`
+	UID             *int64                       `json:"uid,omitempty"`
+	GID             *int64                       `json:"gid,omitempty"`
+	Timeout         *metav1.Duration             `json:"timeout,omitempty"`
+	Sentinel        string                       `json:"sentinel,omitempty"`
+	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
+}
+
+// GIDRangeFile is the gidRange section of [File].
+type GIDRangeFile struct {
+	First *int64 `json:"first,omitempty"`
+	Last  *int64 `json:"last,omitempty"`
+}
+
+// LoadConfig reads and parses the configuration file at path; see [ParseConfig].
+func LoadConfig(path string, overrides ...func(*File)) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read webhook config: %w", err)
+	}
+	cfg, err := ParseConfig(data, overrides...)
+	if err != nil {
+		return nil, fmt.Errorf("webhook config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig is the one configuration parser: it decodes data (YAML or JSON; empty means
+// all defaults) strictly, applies overrides (command-line flags) in order, fills in the
+// defaults and validates the result. Errors name the field, the bad value and what to write.
+func ParseConfig(data []byte, overrides ...func(*File)) (*Config, error) {
+	var f File
+	if len(bytes.TrimSpace(data)) > 0 {
+		if err := yaml.UnmarshalStrict(data, &f); err != nil {
+			return nil, fmt.Errorf("decode: %w (see docs/webhook.md for the fields)", err)
+		}
+	}
+	for _, o := range overrides {
+		o(&f)
+	}
+	return f.complete()
+}
+
+// fieldError is an invalid configuration field.
+type fieldError struct {
+	field, value, rule string
+}
+
+func (e *fieldError) Error() string {
+	if e.value == "" {
+		return fmt.Sprintf("%s: %s", e.field, e.rule)
+	}
+	return fmt.Sprintf("%s: %s is not valid: %s", e.field, e.value, e.rule)
+}
+
+func invalid(field string, value any, rule string, args ...any) error {
+	v := ""
+	if value != nil {
+		v = fmt.Sprint(value)
+	}
+	return &fieldError{field: field, value: v, rule: fmt.Sprintf(rule, args...)}
+}
+
+// id resolves a UID or GID field: def when unset, else 1..2^32-2.
+func id(field string, p *int64, def uint32) (uint32, error) {
+	if p == nil {
+		return def, nil
+	}
+	if *p <= 0 || *p >= math.MaxUint32 {
+		return 0, invalid(field, *p, "use a non-root ID from 1 to 4294967294 (0, root, would bypass the redirect)")
+	}
+	return uint32(*p), nil
+}
+
+func portValue(field string, p int64) (uint16, error) {
+	if p < 1 || p > 65535 {
+		return 0, invalid(field, p, "a port is a whole number from 1 to 65535")
+	}
+	return uint16(p), nil
+}
+
+func portField(field string, p *int64, def uint16) (uint16, error) {
+	if p == nil {
+		return def, nil
+	}
+	return portValue(field, *p)
+}
+
+func pullPolicy(field string, p corev1.PullPolicy) (corev1.PullPolicy, error) {
+	switch p {
+	case "":
+		return corev1.PullIfNotPresent, nil
+	case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+		return p, nil
+	}
+	return "", invalid(field, p, "use Always, IfNotPresent or Never")
+}
+
+func (f *File) complete() (*Config, error) {
+	var errs []error
+	check := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	c := &Config{}
+	var err error
+
+	// Proxy.
+	p := f.Proxy
+	c.Proxy.Image = strings.TrimSpace(p.Image)
+	if c.Proxy.Image == "" {
+		check(invalid("proxy.image", nil, "is required: set the image of your mesh's proxy"))
+	}
+	c.Proxy.ImagePullPolicy, err = pullPolicy("proxy.imagePullPolicy", p.ImagePullPolicy)
+	check(err)
+	c.Proxy.UID, err = id("proxy.uid", p.UID, DefaultProxyUID)
+	check(err)
+	c.Proxy.GID, err = id("proxy.gid", p.GID, c.Proxy.UID)
+	check(err)
+	c.Proxy.InboundPort, err = portField("proxy.inboundPort", p.InboundPort, DefaultProxyInboundPort)
+	check(err)
+	c.Proxy.OutboundPort, err = portField("proxy.outboundPort", p.OutboundPort, DefaultProxyOutboundPort)
+	check(err)
+	if c.Proxy.InboundPort != 0 && c.Proxy.InboundPort == c.Proxy.OutboundPort {
+		check(invalid("proxy.outboundPort", c.Proxy.OutboundPort, "the inbound and outbound ports must differ"))
+	}
+	admin := []int64{DefaultProxyAdminPort}
+	if p.AdminPorts != nil {
+		admin = *p.AdminPorts
+	}
+	for i, a := range admin {
+		field := fmt.Sprintf("proxy.adminPorts[%d]", i)
+		port, err := portValue(field, a)
+		switch {
+		case err != nil:
+			check(err)
+		case port == c.Proxy.InboundPort || port == c.Proxy.OutboundPort:
+			check(invalid(field, a, "an admin port must differ from the inbound and outbound ports"))
+		case slices.Contains(c.Proxy.AdminPorts, port):
+			check(invalid(field, a, "the port is listed twice"))
+		default:
+			c.Proxy.AdminPorts = append(c.Proxy.AdminPorts, port)
+		}
+	}
+	if len(c.Proxy.AdminPorts) > annotations.MaxListItems/2 {
+		check(invalid("proxy.adminPorts", len(c.Proxy.AdminPorts), "list at most %d ports", annotations.MaxListItems/2))
+	}
+	c.Proxy.Command, c.Proxy.Args = slices.Clone(p.Command), slices.Clone(p.Args)
+	for i, e := range p.Env {
+		if e.Name == "" {
+			check(invalid(fmt.Sprintf("proxy.env[%d].name", i), nil, "is required"))
+		}
+	}
+	c.Proxy.Env = slices.Clone(p.Env)
+	c.Proxy.Resources = resources(p.Resources, defaultProxyResources())
+	check(checkResources("proxy.resources", c.Proxy.Resources))
+	c.Proxy.ReadinessProbe = probe(p.ReadinessProbe)
+	c.Proxy.LivenessProbe = probe(p.LivenessProbe)
+	c.Proxy.StartupProbe = probe(p.StartupProbe)
+
+	// Validator.
+	v := f.Validator
+	c.Validator.Image = strings.TrimSpace(v.Image)
+	if c.Validator.Image == "" {
+		c.Validator.Image = DefaultValidatorImageRepository + ":" + version.Version
+	}
+	c.Validator.ImagePullPolicy, err = pullPolicy("validator.imagePullPolicy", v.ImagePullPolicy)
+	check(err)
+	c.Validator.UID, err = id("validator.uid", v.UID, DefaultValidatorUID)
+	check(err)
+	c.Validator.GID, err = id("validator.gid", v.GID, c.Validator.UID)
+	check(err)
+	if c.Validator.UID != 0 && c.Validator.UID == c.Proxy.UID {
+		check(invalid("validator.uid", c.Validator.UID, "the validator must not run as the proxy's UID (the proxy's traffic is never redirected, so the validator could not see the redirect)"))
+	}
+	c.Validator.Timeout = DefaultValidatorTimeout
+	if v.Timeout != nil {
+		c.Validator.Timeout = v.Timeout.Duration
+		if c.Validator.Timeout <= 0 {
+			check(invalid("validator.timeout", v.Timeout.Duration, "use a positive duration such as 5s"))
+		}
+	}
+	if v.Sentinel != "" {
+		host, portStr, err := net.SplitHostPort(v.Sentinel)
+		port, perr := strconv.Atoi(portStr)
+		if err != nil || host == "" || perr != nil || port < 1 || port > 65535 {
+			check(invalid("validator.sentinel", v.Sentinel, "write it as host:port, e.g. 10.96.0.1:443"))
+		}
+		c.Validator.Sentinel = v.Sentinel
+	}
+	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
+	check(checkResources("validator.resources", c.Validator.Resources))
+
+	// Init-container egress.
+	c.InitEgress = annotations.InitEgressSelection{All: true}
+	if f.InitEgress != "" {
+		sel, err := annotations.ParseInitEgress(f.InitEgress)
+		if err != nil {
+			var ae *annotations.Error
+			if errors.As(err, &ae) {
+				err = invalid("initEgress", strconv.Quote(ae.Value), "%s", ae.Rule)
+			}
+			check(err)
+		}
+		c.InitEgress = sel
+	}
+	first, last := int64(DefaultGIDFirst), int64(DefaultGIDLast)
+	if f.GIDRange.First != nil {
+		first = *f.GIDRange.First
+	}
+	if f.GIDRange.Last != nil {
+		last = *f.GIDRange.Last
+	}
+	switch {
+	case first <= 0 || first >= math.MaxUint32:
+		check(invalid("gidRange.first", first, "use a GID from 1 to 4294967294 (0, root, is never exempt)"))
+	case last <= 0 || last >= math.MaxUint32:
+		check(invalid("gidRange.last", last, "use a GID from 1 to 4294967294"))
+	case first > last:
+		check(invalid("gidRange", fmt.Sprintf("%d-%d", first, last), "first must not be above last"))
+	case last-first+1 > maxGIDRange:
+		check(invalid("gidRange", fmt.Sprintf("%d-%d", first, last), "reserve at most %d GIDs", maxGIDRange))
+	default:
+		c.GIDRange = GIDRange{First: uint32(first), Last: uint32(last)}
+		if c.Proxy.GID != 0 && c.GIDRange.Contains(c.Proxy.GID) {
+			check(invalid("gidRange", c.GIDRange, "the range holds the proxy's GID %d; move one of them", c.Proxy.GID))
+		}
+		if c.Validator.GID != 0 && c.GIDRange.Contains(c.Validator.GID) {
+			check(invalid("gidRange", c.GIDRange, "the range holds the validator's GID %d, which must never be exempt; move one of them", c.Validator.GID))
+		}
+	}
+
+	switch ConflictPolicy(f.ConflictPolicy) {
+	case "":
+		c.ConflictPolicy = ConflictWarn
+	case ConflictWarn, ConflictDeny:
+		c.ConflictPolicy = ConflictPolicy(f.ConflictPolicy)
+	default:
+		check(invalid("conflictPolicy", strconv.Quote(f.ConflictPolicy), "use \"warn\" or \"deny\""))
+	}
+	switch SidecarMode(f.SidecarMode) {
+	case "":
+		c.SidecarMode = SidecarAuto
+	case SidecarAuto, SidecarContainer, SidecarNative:
+		c.SidecarMode = SidecarMode(f.SidecarMode)
+	default:
+		check(invalid("sidecarMode", strconv.Quote(f.SidecarMode), "use \"auto\", \"container\" or \"native\""))
+	}
+	c.ExcludeNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+	if f.ExcludeNamespaces != nil {
+		c.ExcludeNamespaces = nil
+		for i, ns := range *f.ExcludeNamespaces {
+			if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+				check(invalid(fmt.Sprintf("excludeNamespaces[%d]", i), strconv.Quote(ns), "%s", strings.Join(msgs, "; ")))
+				continue
+			}
+			c.ExcludeNamespaces = append(c.ExcludeNamespaces, ns)
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
+
+func defaultProxyResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("64Mi"),
+		},
+		Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+	}
+}
+
+func defaultValidatorResources() corev1.ResourceRequirements {
+	return corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("10m"),
+			corev1.ResourceMemory: resource.MustParse("16Mi"),
+		},
+		Limits: corev1.ResourceList{
+			corev1.ResourceCPU:    resource.MustParse("100m"),
+			corev1.ResourceMemory: resource.MustParse("32Mi"),
+		},
+	}
+}
+
+// resources is the configured requirements, or def when the field is unset. An explicit
+// empty `resources: {}` means none.
+func resources(set *corev1.ResourceRequirements, def corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if set == nil {
+		return def
+	}
+	return *set.DeepCopy()
+}
+
+func checkResources(field string, r corev1.ResourceRequirements) error {
+	for name, req := range r.Requests {
+		if lim, ok := r.Limits[name]; ok && req.Cmp(lim) > 0 {
+			return invalid(field+".requests."+string(name), req.String(), "the request is above the limit %s", lim.String())
+		}
+	}
+	if len(r.Claims) > 0 {
+		return invalid(field+".claims", nil, "resource claims cannot be set on an injected container")
+	}
+	return nil
+}
+
+// probe returns a copy of p with the API server's defaults filled in, so an injected pod is
+// stored exactly as the webhook wrote it and re-admission changes nothing.
+func probe(p *corev1.Probe) *corev1.Probe {
+	if p == nil {
+		return nil
+	}
+	p = p.DeepCopy()
+	if p.TimeoutSeconds == 0 {
+		p.TimeoutSeconds = 1
+	}
+	if p.PeriodSeconds == 0 {
+		p.PeriodSeconds = 10
+	}
+	if p.SuccessThreshold == 0 {
+		p.SuccessThreshold = 1
+	}
+	if p.FailureThreshold == 0 {
+		p.FailureThreshold = 3
+	}
+	if h := p.HTTPGet; h != nil && h.Scheme == "" {
+		h.Scheme = corev1.URISchemeHTTP
+	}
+	return p
+}

@@ -1,0 +1,302 @@
+package webhook
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// decision is a Decision with the index of its init container.
+type decision struct {
+	Decision
+	index int
+}
+
+// exemptions is what decide found for a pod's init containers.
+type exemptions struct {
+	decisions []decision
+	warnings  []string
+	// refusals are the denial reasons under conflictPolicy deny, each saying how to fix it.
+	refusals []string
+}
+
+// ids returns the exempt IDs granted via v (ViaUID or ViaGID), sorted and unique.
+func (e exemptions) ids(v Via) []uint32 {
+	var ids []uint32
+	for _, d := range e.decisions {
+		if d.Via == v {
+			ids = append(ids, d.ID)
+		}
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}
+
+// identity is the effective user or group of a container: its own, else the pod's default.
+// nil means the image decides (unknown at admission).
+func effectiveUID(pod *corev1.Pod, c *corev1.Container) *int64 {
+	if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil {
+		return c.SecurityContext.RunAsUser
+	}
+	if pod.Spec.SecurityContext != nil {
+		return pod.Spec.SecurityContext.RunAsUser
+	}
+	return nil
+}
+
+func effectiveGID(pod *corev1.Pod, c *corev1.Container) *int64 {
+	if c.SecurityContext != nil && c.SecurityContext.RunAsGroup != nil {
+		return c.SecurityContext.RunAsGroup
+	}
+	if pod.Spec.SecurityContext != nil {
+		return pod.Spec.SecurityContext.RunAsGroup
+	}
+	return nil
+}
+
+// isSidecar reports whether an init container is a native sidecar: it runs for the pod's whole
+// life, like an app container, and is never exempt.
+func isSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// other is a container whose traffic must stay redirected, for the collision checks.
+type other struct {
+	what string // e.g. `app container "web"`
+	uid  *int64
+}
+
+// behindProxy is the native-mode outcome: the proxy starts before the user's init containers,
+// which therefore need no exemption.
+func behindProxy(pod *corev1.Pod) exemptions {
+	var e exemptions
+	var names []string
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		if isSidecar(c) {
+			e.decisions = append(e.decisions, decision{Decision{Container: c.Name, Via: Sidecar}, i})
+			continue
+		}
+		e.decisions = append(e.decisions, decision{Decision{Container: c.Name, Via: ViaProxy}, i})
+		names = append(names, fmt.Sprintf("%q", c.Name))
+	}
+	if len(names) > 0 {
+		e.warnings = append(e.warnings, fmt.Sprintf(
+			"detour: the proxy runs as a native sidecar, so init container%s %s start%s after it and reach the network through it",
+			plural(len(names)), strings.Join(names, ", "), singularVerb(len(names))))
+	}
+	return e
+}
+
+func plural(n int) string {
+	if n == 1 {
+		return ""
+	}
+	return "s"
+}
+
+func singularVerb(n int) string {
+	if n == 1 {
+		return "s"
+	}
+	return ""
+}
+
+// decide makes, in container mode, each init container selected by detour.dev/init-egress
+// exemptible as SPEC.md's exemption rules say:
+//   - an explicit non-root UID (its own or the pod's) that no container which must stay
+//     redirected uses, and that is not the validator's, is exempt by UID;
+//   - an explicit UID that is root, the validator's, or used (or possibly used, because the
+//     other container runs as its image's user) by a container that must stay redirected gets a
+//     dedicated GID from the reserved range as runAsGroup, and that GID is exempt;
+//   - no explicit UID: nothing can be exempted (a runAsGroup without a runAsUser is refused by
+//     the container runtime, and the image's user is unknown), so the exemption is refused.
+//
+// It never exempts 0 or the validator, and a dedicated GID never equals a GID that any other
+// container of the pod runs with (runAsGroup, fsGroup, supplementalGroups).
+func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
+	var e exemptions
+	inits := pod.Spec.InitContainers
+
+	// Containers that must stay redirected: app containers, user sidecars, init containers
+	// the selection leaves out, and the validator (never exempt).
+	var others []other
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		others = append(others, other{fmt.Sprintf("app container %q", c.Name), effectiveUID(pod, c)})
+	}
+	for i := range inits {
+		c := &inits[i]
+		switch {
+		case isSidecar(c):
+			others = append(others, other{fmt.Sprintf("sidecar %q", c.Name), effectiveUID(pod, c)})
+		case !s.initEgress.Selects(c.Name):
+			others = append(others, other{fmt.Sprintf("init container %q (not selected)", c.Name), effectiveUID(pod, c)})
+		}
+	}
+
+	for _, name := range s.initEgress.Names {
+		if !slices.ContainsFunc(inits, func(c corev1.Container) bool { return c.Name == name }) {
+			e.warnings = append(e.warnings, fmt.Sprintf(
+				"detour: %s (from %s) names %q, which is not an init container of the pod", annotations.InitEgress, s.initEgressFrom, name))
+		}
+	}
+
+	// First pass: UID exemptions, and who needs a dedicated GID.
+	var needGID []int
+	why := map[int]string{}
+	for i := range inits {
+		c := &inits[i]
+		d := decision{Decision{Container: c.Name}, i}
+		uid := effectiveUID(pod, c)
+		switch {
+		case isSidecar(c):
+			d.Via = Sidecar
+			e.warnings = append(e.warnings, fmt.Sprintf(
+				"detour: init container %q is a sidecar (restartPolicy: Always); like the app containers, its traffic always goes through the proxy", c.Name))
+		case !s.initEgress.Selects(c.Name):
+			d.Via = NotSelected
+			e.warnings = append(e.warnings, fmt.Sprintf(
+				"detour: init container %q is not selected by %s=%q (from %s); its outbound TCP connections go to the proxy, which starts after it, so they fail",
+				c.Name, annotations.InitEgress, s.initEgress.String(), s.initEgressFrom))
+		case uid == nil:
+			d.Via, d.Why = Refused, "runs as the image's default user"
+			e.refuse(c.Name, d.Why,
+				"set securityContext.runAsUser on the init container or the pod (a non-root UID that no app container uses), "+
+					"or annotate the pod "+annotations.SidecarMode+": native (Kubernetes 1.29 or later)")
+		case *uid < 0 || *uid >= math.MaxUint32:
+			d.Via, d.Why = Refused, fmt.Sprintf("runs as UID %d, which is not a valid UID", *uid)
+			e.refuse(c.Name, d.Why, "set securityContext.runAsUser to a UID from 1 to 4294967294")
+		case uint32(*uid) == cfg.Proxy.UID:
+			d.Via, d.ID = ViaProxyUID, cfg.Proxy.UID
+			e.warnings = append(e.warnings, fmt.Sprintf(
+				"detour: init container %q runs as the proxy's UID %d, whose traffic is never redirected; it keeps egress", c.Name, *uid))
+		default:
+			reason := uidConflict(*uid, cfg, others)
+			if exempt := e.ids(ViaUID); reason == "" && len(exempt) >= annotations.MaxListItems && !slices.Contains(exempt, uint32(*uid)) {
+				reason = fmt.Sprintf("runs as UID %d, and %d other UIDs are exempt already", *uid, annotations.MaxListItems)
+			}
+			if reason != "" {
+				needGID = append(needGID, i)
+				why[i] = reason
+				continue
+			}
+			d.Via, d.ID = ViaUID, uint32(*uid)
+			e.warnings = append(e.warnings, fmt.Sprintf("detour: init container %q runs as UID %d; it keeps egress as UID %d", c.Name, *uid, *uid))
+		}
+		e.decisions = append(e.decisions, d)
+	}
+
+	// Second pass: dedicated GIDs, lowest free first in init-container order, so the same pod
+	// always gets the same GIDs.
+	used := usedGIDs(pod, cfg, needGID)
+	next := cfg.GIDRange.First
+	for _, i := range needGID {
+		c := &inits[i]
+		d := decision{Decision{Container: c.Name, Why: why[i]}, i}
+		for next <= cfg.GIDRange.Last && used[next] {
+			next++
+		}
+		if next > cfg.GIDRange.Last || len(e.ids(ViaGID)) >= annotations.MaxListItems {
+			d.Via = Refused
+			d.Why = fmt.Sprintf("%s, and no dedicated GID is left in the reserved range %s", why[i], cfg.GIDRange)
+			e.refuse(c.Name, d.Why, "give the init container a non-root UID that no app container uses, or ask the cluster admin to widen gidRange")
+		} else {
+			d.Via, d.ID = ViaGID, next
+			used[next] = true
+			e.warnings = append(e.warnings, fmt.Sprintf("detour: init container %q %s; it keeps egress through GID %d", c.Name, why[i], next))
+		}
+		e.decisions = append(e.decisions, d)
+	}
+	slices.SortFunc(e.decisions, func(a, b decision) int { return a.index - b.index })
+	return e
+}
+
+// refuse records an init container that cannot keep egress: a warning under conflictPolicy
+// warn, a denial reason under deny (decide records both; Mutate picks).
+func (e *exemptions) refuse(name, why, fix string) {
+	e.warnings = append(e.warnings, fmt.Sprintf(
+		"detour: init container %q %s, so detour cannot let it reach the network before the proxy starts and its outbound TCP connections will fail; to fix it, %s",
+		name, why, fix))
+	e.refusals = append(e.refusals, fmt.Sprintf(
+		"init container %q needs network access before the proxy starts, but it %s; to fix the pod, %s, or leave it out of %s",
+		name, why, fix, annotations.InitEgress))
+}
+
+// uidConflict says why uid cannot be exempt, or "" when it can.
+func uidConflict(uid int64, cfg *Config, others []other) string {
+	if uid == 0 {
+		return "runs as root"
+	}
+	if uint32(uid) == cfg.Validator.UID {
+		return fmt.Sprintf("runs as UID %d, the validator's UID, which is never exempt", uid)
+	}
+	for _, o := range others {
+		if o.uid != nil && *o.uid == uid {
+			return fmt.Sprintf("runs as UID %d, which %s also uses", uid, o.what)
+		}
+	}
+	for _, o := range others {
+		if o.uid == nil {
+			return fmt.Sprintf("runs as UID %d, and %s runs as its image's user, which could be the same", uid, o.what)
+		}
+	}
+	return ""
+}
+
+// usedGIDs is every GID a container of the pod other than those in needGID may run with:
+// their runAsGroup (or the pod's), the pod's fsGroup and supplementalGroups, and the proxy's
+// and the validator's GIDs. A dedicated GID must be none of them.
+func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
+	used := map[uint32]bool{cfg.Proxy.GID: true, cfg.Validator.GID: true}
+	add := func(g *int64) {
+		if g != nil && *g >= 0 && *g < math.MaxUint32 {
+			used[uint32(*g)] = true
+		}
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil {
+		add(sc.RunAsGroup)
+		add(sc.FSGroup)
+		for _, g := range sc.SupplementalGroups {
+			add(&g)
+		}
+	}
+	for i := range pod.Spec.Containers {
+		add(effectiveGID(pod, &pod.Spec.Containers[i]))
+	}
+	for i := range pod.Spec.InitContainers {
+		if !slices.Contains(needGID, i) {
+			add(effectiveGID(pod, &pod.Spec.InitContainers[i]))
+		}
+	}
+	return used
+}
+
+// proxyUIDWarnings warns about containers that run as the proxy's UID: their traffic is never
+// redirected.
+func proxyUIDWarnings(pod *corev1.Pod, cfg *Config) []string {
+	var w []string
+	check := func(what string, c *corev1.Container) {
+		if uid := effectiveUID(pod, c); uid != nil && *uid == int64(cfg.Proxy.UID) {
+			w = append(w, fmt.Sprintf(
+				"detour: %s runs as the proxy's UID %d, so its traffic is never redirected to the proxy; run it as another UID", what, *uid))
+		}
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		if c.Name != annotations.ProxyContainer {
+			check(fmt.Sprintf("app container %q", c.Name), c)
+		}
+	}
+	for i := range pod.Spec.InitContainers {
+		if c := &pod.Spec.InitContainers[i]; isSidecar(c) && c.Name != annotations.ProxyContainer {
+			check(fmt.Sprintf("sidecar %q", c.Name), c)
+		}
+	}
+	return w
+}

@@ -1,0 +1,396 @@
+package webhook
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/version"
+)
+
+// PartOfLabel and PartOfValue mark detour's own pods, which are never injected.
+const (
+	PartOfLabel = "app.kubernetes.io/part-of"
+	PartOfValue = "detour"
+)
+
+// Input is what [Mutate] needs besides the pod and the configuration.
+type Input struct {
+	// Namespace is the pod's namespace: the admission request's, since a pod being created
+	// may not carry it yet. Empty means the pod's own.
+	Namespace string
+	// NamespaceAnnotations are the annotations of the pod's namespace; the pod's own values
+	// win, key by key.
+	NamespaceAnnotations map[string]string
+	// NativeSidecars reports whether the cluster runs native sidecars (init containers with
+	// restartPolicy Always, Kubernetes ≥ 1.29); sidecar mode "auto" picks native then.
+	NativeSidecars bool
+}
+
+// Outcome is what [Mutate] did with a pod.
+type Outcome string
+
+const (
+	Injected Outcome = "injected"
+	Skipped  Outcome = "skipped"
+)
+
+// Skip reasons, the Reason of a skipped [Result].
+const (
+	SkipNotEnabled        = "not-enabled"
+	SkipDisabled          = "disabled"
+	SkipExcludedNamespace = "excluded-namespace"
+	SkipDetourPod         = "detour-pod"
+	SkipHostNetwork       = "host-network"
+	SkipWindows           = "windows"
+)
+
+// Via is how an init container keeps egress before the proxy starts, or why it does not.
+type Via string
+
+const (
+	// ViaUID: its UID is exempt.
+	ViaUID Via = "uid"
+	// ViaGID: it runs with a dedicated GID from the reserved range, and that GID is exempt.
+	ViaGID Via = "gid"
+	// ViaProxyUID: it runs as the proxy's UID, which is never redirected.
+	ViaProxyUID Via = "proxy-uid"
+	// ViaProxy: native sidecar mode; it starts after the proxy and goes through it.
+	ViaProxy Via = "proxy"
+	// NotSelected: detour.dev/init-egress does not select it; its connections are redirected.
+	NotSelected Via = "not-selected"
+	// Sidecar: a user sidecar (restartPolicy Always); its traffic is always redirected.
+	Sidecar Via = "sidecar"
+	// Refused: it was selected, but no exemption can be granted safely.
+	Refused Via = "refused"
+)
+
+// Decision is what the webhook decided for one user init container.
+type Decision struct {
+	Container string
+	Via       Via
+	// ID is the exempt UID (ViaUID, ViaProxyUID) or GID (ViaGID).
+	ID uint32
+	// Why explains a GID or a refusal, e.g. "runs as root".
+	Why string
+}
+
+// Result is what [Mutate] did.
+type Result struct {
+	Outcome Outcome
+	// Reason says why a pod was skipped (one of the Skip* constants).
+	Reason string
+	// Mode is where the proxy went in an injected pod.
+	Mode      annotations.SidecarModeValue
+	Decisions []Decision
+	// Warnings are for the person who applies the pod (admission warnings, stderr in the CLI).
+	Warnings []string
+}
+
+// Granted and Refused count the exemptions granted (by UID and GID) and refused.
+func (r Result) Granted(via Via) int {
+	n := 0
+	for _, d := range r.Decisions {
+		if d.Via == via {
+			n++
+		}
+	}
+	return n
+}
+
+// DenialError is a pod the webhook refuses to admit; Error says how to fix the pod.
+type DenialError struct{ Reasons []string }
+
+func (e *DenialError) Error() string {
+	return "detour: " + strings.Join(e.Reasons, "; ")
+}
+
+func deny(format string, args ...any) *DenialError {
+	return &DenialError{Reasons: []string{fmt.Sprintf(format, args...)}}
+}
+
+// Mutate injects pod in place: it adds the validator (first init container) and the proxy,
+// makes each selected init container exemptible and writes the webhook's annotations. It is
+// idempotent: a pod it injected before is stripped of the previous injection and injected
+// again from scratch, so re-invocation after another webhook added an init container picks
+// that container up, re-admission changes nothing, and values a pod author wrote into the
+// webhook's annotations never survive.
+//
+// Mutate returns a [*DenialError] when the pod must be denied: malformed detour annotations,
+// or, under conflictPolicy deny, an init container that cannot be given egress.
+func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
+	if pod == nil {
+		return Result{}, deny("the request holds no pod")
+	}
+	namespace := cmp.Or(in.Namespace, pod.Namespace)
+	u := userSettings{pod: pod.Annotations, ns: in.NamespaceAnnotations, namespace: namespace}
+
+	mode, err := u.injectMode()
+	if err != nil {
+		return Result{}, err
+	}
+	switch {
+	case mode == "":
+		return Result{Outcome: Skipped, Reason: SkipNotEnabled}, nil
+	case mode == annotations.InjectDisabled:
+		return Result{Outcome: Skipped, Reason: SkipDisabled}, nil
+	case slices.Contains(cfg.ExcludeNamespaces, namespace):
+		return Result{Outcome: Skipped, Reason: SkipExcludedNamespace}, nil
+	case pod.Labels[PartOfLabel] == PartOfValue:
+		return Result{Outcome: Skipped, Reason: SkipDetourPod}, nil
+	case pod.Spec.HostNetwork:
+		return Result{Outcome: Skipped, Reason: SkipHostNetwork}, nil
+	case pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows:
+		return Result{Outcome: Skipped, Reason: SkipWindows}, nil
+	}
+	s, err := u.parse(cfg)
+	if err != nil {
+		return Result{}, err
+	}
+
+	strip(pod)
+	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer}
+	switch {
+	case s.mode == SidecarNative && !in.NativeSidecars:
+		res.Warnings = append(res.Warnings, fmt.Sprintf(
+			"detour: sidecar mode native (from %s) needs native sidecars (Kubernetes 1.29 or later), which this cluster does not run; the proxy runs as a regular container instead", s.modeFrom))
+	case s.mode == SidecarNative, s.mode == SidecarAuto && in.NativeSidecars:
+		res.Mode = annotations.SidecarNative
+	}
+
+	var ex exemptions
+	if res.Mode == annotations.SidecarNative {
+		ex = behindProxy(pod)
+	} else {
+		ex = decide(pod, cfg, s)
+	}
+	for _, d := range ex.decisions {
+		res.Decisions = append(res.Decisions, d.Decision)
+	}
+	res.Warnings = append(res.Warnings, ex.warnings...)
+	res.Warnings = append(res.Warnings, proxyUIDWarnings(pod, cfg)...)
+	if len(ex.refusals) > 0 && cfg.ConflictPolicy == ConflictDeny {
+		return res, &DenialError{Reasons: ex.refusals}
+	}
+	for _, d := range ex.decisions {
+		if d.Via == ViaGID {
+			c := &pod.Spec.InitContainers[d.index]
+			if c.SecurityContext == nil {
+				c.SecurityContext = &corev1.SecurityContext{}
+			}
+			c.SecurityContext.RunAsGroup = ptr(int64(d.ID))
+		}
+	}
+
+	r := annotations.Redirect{
+		Version:           version.Version,
+		ProxyUID:          cfg.Proxy.UID,
+		InboundPort:       cfg.Proxy.InboundPort,
+		OutboundPort:      cfg.Proxy.OutboundPort,
+		SkipInboundPorts:  mergePorts(append(slices.Clone(s.skipInbound), portRanges(cfg.Proxy.AdminPorts)...)),
+		SkipOutboundPorts: mergePorts(s.skipOutbound),
+		SkipOutboundCIDRs: dedupe(s.skipCIDRs),
+		ExemptUIDs:        ex.ids(ViaUID),
+		ExemptGIDs:        ex.ids(ViaGID),
+	}
+	if n := len(r.SkipInboundPorts); n > annotations.MaxListItems {
+		return res, deny("%s (%s) and the proxy's admin ports make %d port ranges, more than %d; merge ports into ranges",
+			annotations.SkipInboundPorts, s.skipInboundFrom, n, annotations.MaxListItems)
+	}
+	a := r.Annotations()
+	// The plugin must be able to read what the webhook writes; a failure here is a bug or a
+	// build with an unusable version label, and denying beats a pod whose sandbox fails.
+	if _, err := annotations.ParseRedirect(a); err != nil {
+		return res, fmt.Errorf("detour webhook: the annotations it computed do not parse (%w); report this as a bug", err)
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	for k, v := range a {
+		pod.Annotations[k] = v
+	}
+	pod.Annotations[annotations.InitEgressStatus] = status(res)
+
+	validator := validatorContainer(cfg)
+	proxy := proxyContainer(cfg)
+	if res.Mode == annotations.SidecarNative {
+		proxy.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways)
+		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validator, proxy)
+	} else {
+		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validator)
+		pod.Spec.Containers = append(pod.Spec.Containers, proxy)
+	}
+	return res, nil
+}
+
+// strip removes a previous injection: the injected containers and every webhook-written
+// annotation (including values a pod author forged).
+func strip(pod *corev1.Pod) {
+	ours := func(c corev1.Container) bool {
+		return c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer
+	}
+	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
+	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
+	for _, k := range annotations.WebhookKeys {
+		delete(pod.Annotations, k)
+	}
+}
+
+// userSettings resolves the user-written keys: the pod's value wins over the namespace's.
+type userSettings struct {
+	pod, ns   map[string]string
+	namespace string
+}
+
+// lookup returns the value of key and where it came from, for messages.
+func (u userSettings) lookup(key string) (value, from string, ok bool) {
+	if v, ok := u.pod[key]; ok {
+		return v, "the pod's annotation", true
+	}
+	if v, ok := u.ns[key]; ok {
+		return v, fmt.Sprintf("namespace %q", u.namespace), true
+	}
+	return "", "", false
+}
+
+// wrapError turns a parser error into a denial that says where the bad value is.
+func (u userSettings) wrapError(key string, err error) error {
+	_, from, _ := u.lookup(key)
+	if strings.HasPrefix(from, "namespace") {
+		return deny("%s: %v (fix the annotation on the namespace)", from, err)
+	}
+	return deny("%v (fix the pod's annotation)", err)
+}
+
+func (u userSettings) injectMode() (annotations.InjectMode, error) {
+	v, _, ok := u.lookup(annotations.Inject)
+	if !ok {
+		return "", nil
+	}
+	m, err := annotations.ParseInjectMode(v)
+	if err != nil {
+		return "", u.wrapError(annotations.Inject, err)
+	}
+	return m, nil
+}
+
+// settings are the parsed user settings of one pod.
+type settings struct {
+	initEgress      annotations.InitEgressSelection
+	initEgressFrom  string
+	skipInbound     []annotations.PortRange
+	skipInboundFrom string
+	skipOutbound    []annotations.PortRange
+	skipCIDRs       []netip.Prefix
+	mode            SidecarMode
+	modeFrom        string
+}
+
+func (u userSettings) parse(cfg *Config) (settings, error) {
+	s := settings{initEgress: cfg.InitEgress, initEgressFrom: "the webhook configuration", mode: cfg.SidecarMode, modeFrom: "the webhook configuration"}
+	var err error
+	if v, from, ok := u.lookup(annotations.InitEgress); ok {
+		if s.initEgress, err = annotations.ParseInitEgress(v); err != nil {
+			return s, u.wrapError(annotations.InitEgress, err)
+		}
+		s.initEgressFrom = from
+	}
+	if v, from, ok := u.lookup(annotations.SkipInboundPorts); ok {
+		if s.skipInbound, err = annotations.ParsePorts(annotations.SkipInboundPorts, v); err != nil {
+			return s, u.wrapError(annotations.SkipInboundPorts, err)
+		}
+		s.skipInboundFrom = from
+	}
+	if v, _, ok := u.lookup(annotations.SkipOutboundPorts); ok {
+		if s.skipOutbound, err = annotations.ParsePorts(annotations.SkipOutboundPorts, v); err != nil {
+			return s, u.wrapError(annotations.SkipOutboundPorts, err)
+		}
+	}
+	if v, _, ok := u.lookup(annotations.SkipOutboundCIDRs); ok {
+		if s.skipCIDRs, err = annotations.ParseCIDRs(annotations.SkipOutboundCIDRs, v); err != nil {
+			return s, u.wrapError(annotations.SkipOutboundCIDRs, err)
+		}
+	}
+	if v, from, ok := u.lookup(annotations.SidecarMode); ok {
+		m, err := annotations.ParseSidecarMode(v)
+		if err != nil {
+			return s, u.wrapError(annotations.SidecarMode, err)
+		}
+		s.mode, s.modeFrom = SidecarMode(m), from
+	}
+	return s, nil
+}
+
+// mergePorts sorts ranges and merges the overlapping and adjacent ones.
+func mergePorts(ranges []annotations.PortRange) []annotations.PortRange {
+	if len(ranges) == 0 {
+		return nil
+	}
+	r := slices.Clone(ranges)
+	slices.SortFunc(r, func(a, b annotations.PortRange) int { return cmp.Compare(a.First, b.First) })
+	out := r[:1]
+	for _, x := range r[1:] {
+		last := &out[len(out)-1]
+		if uint32(x.First) <= uint32(last.Last)+1 {
+			last.Last = max(last.Last, x.Last)
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+func portRanges(ports []uint16) []annotations.PortRange {
+	out := make([]annotations.PortRange, len(ports))
+	for i, p := range ports {
+		out[i] = annotations.PortRange{First: p, Last: p}
+	}
+	return out
+}
+
+// dedupe drops repeated networks, keeping the first occurrence's place.
+func dedupe(prefixes []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range prefixes {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// status is the human summary written to detour.dev/init-egress-status.
+func status(r Result) string {
+	if len(r.Decisions) == 0 {
+		return string(r.Mode) + ": no init containers"
+	}
+	parts := make([]string, len(r.Decisions))
+	for i, d := range r.Decisions {
+		var s string
+		switch d.Via {
+		case ViaUID:
+			s = fmt.Sprintf("uid %d", d.ID)
+		case ViaGID:
+			s = fmt.Sprintf("gid %d (%s)", d.ID, d.Why)
+		case ViaProxyUID:
+			s = fmt.Sprintf("proxy uid %d", d.ID)
+		case ViaProxy:
+			s = "after the proxy"
+		case NotSelected:
+			s = "not selected"
+		case Sidecar:
+			s = "sidecar, redirected"
+		case Refused:
+			s = "refused (" + d.Why + ")"
+		}
+		parts[i] = d.Container + " " + s
+	}
+	return string(r.Mode) + ": " + strings.Join(parts, "; ")
+}

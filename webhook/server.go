@@ -1,0 +1,204 @@
+package webhook
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+)
+
+// Options configure [Run]. Zero values take the defaults noted on each field.
+type Options struct {
+	// Config is the injection configuration (required).
+	Config *Config
+	// RESTConfig reaches the API server (required).
+	RESTConfig *rest.Config
+	// Host and Port are where the webhook serves TLS (default all addresses, port 9443).
+	Host string
+	Port int
+	// CertDir holds the serving certificate and key (CertName, KeyName; default tls.crt and
+	// tls.key). The files are watched: a rotated certificate is served without a restart.
+	CertDir, CertName, KeyName string
+	// MetricsAddr serves /metrics over HTTP (default ":8080"; "0" disables it).
+	MetricsAddr string
+	// HealthAddr serves /healthz and /readyz over HTTP (default ":8081").
+	HealthAddr string
+	// EnableHTTP2 offers HTTP/2 on the webhook port. It is off by default, as controller-runtime
+	// advises, against HTTP/2 stream-reset attacks.
+	EnableHTTP2 bool
+	// OwnNamespace is detour's namespace; its pods are never injected.
+	OwnNamespace string
+	// Logger receives structured logs (default discard); controller-runtime's and client-go's
+	// logs are bridged to it.
+	Logger *slog.Logger
+}
+
+// NativeSidecarVersion is the first Kubernetes version that runs native sidecars by default.
+var NativeSidecarVersion = utilversion.MajorMinor(1, 29)
+
+// ServerVersion reads the API server's version through discovery and reports whether it runs
+// native sidecars.
+func ServerVersion(cfg *rest.Config) (string, bool, error) {
+	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return "", false, fmt.Errorf("create discovery client: %w", err)
+	}
+	info, err := dc.ServerVersion()
+	if err != nil {
+		return "", false, fmt.Errorf("read the API server version: %w", err)
+	}
+	v, err := utilversion.ParseGeneric(info.GitVersion)
+	if err != nil {
+		// Some distributions report odd git versions; the major and minor fields still hold
+		// the release ("1", "29+").
+		v, err = utilversion.ParseGeneric(info.Major + "." + strings.TrimSuffix(info.Minor, "+"))
+		if err != nil {
+			return info.GitVersion, false, fmt.Errorf("parse the API server version %q: %w", info.GitVersion, err)
+		}
+	}
+	return info.GitVersion, v.AtLeast(NativeSidecarVersion), nil
+}
+
+// namespaceMeta is the metadata-only Namespace object the cache holds: the webhook needs only
+// annotations, and metadata is a fraction of the memory.
+func namespaceMeta() *metav1.PartialObjectMetadata {
+	m := &metav1.PartialObjectMetadata{}
+	m.SetGroupVersionKind(corev1.SchemeGroupVersion.WithKind("Namespace"))
+	return m
+}
+
+// namespaceCache reads namespaces from the informer cache, and from the API server only for a
+// namespace the cache has not seen yet (created a moment before its first pod).
+type namespaceCache struct {
+	cached, live client.Reader
+	misses       func()
+}
+
+func (n *namespaceCache) NamespaceAnnotations(ctx context.Context, name string) (map[string]string, error) {
+	m := namespaceMeta()
+	err := n.cached.Get(ctx, client.ObjectKey{Name: name}, m)
+	if apierrors.IsNotFound(err) {
+		n.misses()
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		m = namespaceMeta()
+		err = n.live.Get(ctx, client.ObjectKey{Name: name}, m)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return m.Annotations, nil
+}
+
+// Run serves the webhook until ctx ends: the mutation at [MutatePath] over TLS, metrics,
+// health and readiness (ready once the namespace cache has synced and the TLS server answers).
+// It reads the API server's version once, for sidecar mode auto.
+func Run(ctx context.Context, o Options) error {
+	if o.Config == nil || o.RESTConfig == nil {
+		return errors.New("run webhook: a configuration and a REST config are required")
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	logger := logr.FromSlogHandler(log.Handler())
+	ctrllog.SetLogger(logger)
+	klog.SetLogger(logger)
+
+	serverVersion, native, err := ServerVersion(o.RESTConfig)
+	if err != nil {
+		return fmt.Errorf("run webhook: %w (is the API server reachable?)", err)
+	}
+	cfg := *o.Config
+	if o.OwnNamespace != "" && !slices.Contains(cfg.ExcludeNamespaces, o.OwnNamespace) {
+		cfg.ExcludeNamespaces = append(slices.Clone(cfg.ExcludeNamespaces), o.OwnNamespace)
+	}
+	log.Info("starting the detour webhook", "apiServer", serverVersion, "nativeSidecars", native,
+		"sidecarMode", cfg.SidecarMode, "conflictPolicy", cfg.ConflictPolicy, "initEgress", cfg.InitEgress.String(),
+		"gidRange", cfg.GIDRange.String(), "excludeNamespaces", cfg.ExcludeNamespaces)
+	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == SidecarNative || cfg.SidecarMode == SidecarAuto && native) {
+		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
+	}
+
+	metricsAddr := o.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = ":8080"
+	}
+	healthAddr := o.HealthAddr
+	if healthAddr == "" {
+		healthAddr = ":8081"
+	}
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		if !o.EnableHTTP2 {
+			c.NextProtos = []string{"http/1.1"}
+		}
+	}}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	mgr, err := manager.New(o.RESTConfig, manager.Options{
+		Scheme:                 scheme,
+		Logger:                 logger,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: healthAddr,
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
+		}),
+		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+	})
+	if err != nil {
+		return fmt.Errorf("run webhook: create the manager: %w", err)
+	}
+	informer, err := mgr.GetCache().GetInformer(ctx, namespaceMeta())
+	if err != nil {
+		return fmt.Errorf("run webhook: watch namespaces: %w", err)
+	}
+	m := defaultMetrics()
+	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
+	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
+	mgr.GetWebhookServer().Register(MutatePath, &admission.Webhook{Handler: handler})
+
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("namespaces", func(*http.Request) error {
+		if !informer.HasSynced() {
+			return errors.New("the namespace cache has not synced yet")
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	if err := mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	return nil
+}

@@ -124,12 +124,13 @@ func diff(rs Ruleset, t table) error {
 		have := rulesOf(t.rules, chain)
 		for i := range max(len(want), len(have)) {
 			switch {
-			case i >= len(have):
+			case i < len(have) && i < len(want) && want[i] == have[i]:
+			case i < len(want) && (i >= len(have) || !slices.Contains(have, want[i])):
 				return fmt.Errorf("%s nat table: chain %s lacks rule %d, %q", fam, chain, i+1, want[i].String())
-			case i >= len(want):
+			case i >= len(want) || !slices.Contains(want, have[i]):
 				return fmt.Errorf("%s nat table: chain %s has an unexpected rule %d, %q", fam, chain, i+1, have[i].String())
-			case want[i] != have[i]:
-				return fmt.Errorf("%s nat table: chain %s rule %d is %q, expected %q", fam, chain, i+1, have[i].String(), want[i].String())
+			default:
+				return fmt.Errorf("%s nat table: chain %s rule %d is %q, expected %q (rules out of order)", fam, chain, i+1, have[i].String(), want[i].String())
 			}
 		}
 	}

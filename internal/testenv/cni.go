@@ -11,10 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
 	types100 "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
 )
@@ -62,7 +65,16 @@ func NewCNI(t testing.TB) *CNI {
 	Binary(t, "bridge")
 	Binary(t, "host-local")
 	paths := []string{filepath.Dir(DetourCNI(t)), BinDir()}
-	return &CNI{Config: libcni.NewCNIConfigWithCacheDir(paths, t.TempDir(), nil), Paths: paths}
+	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: logWriter{t}}}
+	return &CNI{Config: libcni.NewCNIConfigWithCacheDir(paths, t.TempDir(), exec), Paths: paths}
+}
+
+// logWriter sends the plugins' standard error (detour-cni's log lines) to the test log.
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(b []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(b), "\n"))
+	return len(b), nil
 }
 
 // Attachment is one sandbox's network: what the runtime passes to every command.
@@ -98,6 +110,25 @@ func (c *CNI) Add(ctx context.Context, list *libcni.NetworkConfigList, a *Attach
 		return nil, err
 	}
 	return types100.NewResultFromResult(res)
+}
+
+// AddPlugin runs ADD of only the list's plugin at index i for a, with prev as prevResult —
+// as a runtime that re-runs one plugin of a chain would.
+func (c *CNI) AddPlugin(ctx context.Context, list *libcni.NetworkConfigList, i int, a *Attachment, prev types.Result) (types.Result, error) {
+	var conf map[string]any
+	if err := json.Unmarshal(list.Plugins[i].Bytes, &conf); err != nil {
+		return nil, err
+	}
+	conf["cniVersion"], conf["name"], conf["prevResult"] = list.CNIVersion, list.Name, prev
+	b, err := json.Marshal(conf)
+	if err != nil {
+		return nil, err
+	}
+	plugin, err := libcni.NetworkPluginConfFromBytes(b)
+	if err != nil {
+		return nil, err
+	}
+	return c.Config.AddNetwork(ctx, plugin, a.Runtime)
 }
 
 // Bridge is a reference bridge network (bridge + host-local) on the host, with a random

@@ -1,0 +1,370 @@
+package cniplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	types100 "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/iptables"
+)
+
+// VersionInfo lists the CNI spec versions detour-cni speaks.
+var VersionInfo = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// Plugin implements the CNI commands. Its fields are the side effects, so tests can replace
+// them; New returns the real ones.
+type Plugin struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	// NewExecutor returns the iptables executor for a configuration.
+	NewExecutor func(*Config) *iptables.Executor
+	// NewPodGetter returns the API client for a configuration.
+	NewPodGetter func(*Config) (PodGetter, error)
+}
+
+// New returns the plugin with its real side effects.
+func New() *Plugin {
+	return &Plugin{
+		Stdout: os.Stdout,
+		Stderr: os.Stderr,
+		NewExecutor: func(c *Config) *iptables.Executor {
+			return iptables.NewExecutor(iptables.WithBackend(c.IPTablesBackend))
+		},
+		NewPodGetter: func(c *Config) (PodGetter, error) {
+			return newAPIGetter(c.Kubeconfig, c.APITimeout)
+		},
+	}
+}
+
+// Funcs returns the commands for skel.PluginMainFuncs.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, Status: p.Status, GC: p.GC}
+}
+
+// call is one command's context: what it was asked and what it decided, for the log line.
+type call struct {
+	cmd      string
+	args     *skel.CmdArgs
+	conf     *Config
+	pod      podRef
+	start    time.Time
+	decision string
+	source   string // where the annotations came from: runtimeConfig or api
+	families []iptables.Family
+}
+
+// podRef is the pod's identity from CNI_ARGS.
+type podRef struct {
+	Namespace, Name, UID string
+}
+
+func (r podRef) String() string {
+	if r.Name == "" {
+		return "(not a Kubernetes pod)"
+	}
+	return r.Namespace + "/" + r.Name
+}
+
+func parsePodRef(args string) podRef {
+	var r podRef
+	for kv := range strings.SplitSeq(args, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			r.Namespace = v
+		case "K8S_POD_NAME":
+			r.Name = v
+		case "K8S_POD_UID":
+			r.UID = v
+		}
+	}
+	return r
+}
+
+// begin parses the configuration and the pod identity of a command.
+func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
+	c := &call{cmd: cmd, args: args, start: time.Now(), pod: parsePodRef(args.Args)}
+	conf, err := ParseConfig(args.StdinData)
+	if err != nil {
+		return c, err
+	}
+	c.conf = conf
+	return c, nil
+}
+
+// end writes the command's one log line and turns err into the CNI error the runtime reports
+// (it reaches `kubectl describe pod` through the kubelet's event).
+func (p *Plugin) end(c *call, err error) error {
+	level := slog.LevelInfo
+	if c.conf != nil {
+		level = c.conf.LogLevel
+	}
+	logger, closeLog := p.logger(c.conf, level)
+	defer closeLog()
+	attrs := []slog.Attr{
+		slog.String("command", c.cmd),
+		slog.String("pod", c.pod.String()),
+		slog.String("container", c.args.ContainerID),
+		slog.String("decision", c.decision),
+		slog.Duration("duration", time.Since(c.start)),
+	}
+	if c.source != "" {
+		attrs = append(attrs, slog.String("annotations", c.source))
+	}
+	if len(c.families) > 0 {
+		fams := make([]string, len(c.families))
+		for i, f := range c.families {
+			fams[i] = f.String()
+		}
+		attrs = append(attrs, slog.String("families", strings.Join(fams, ",")))
+	}
+	if err != nil {
+		attrs = append(attrs, slog.String("error", err.Error()))
+		logger.LogAttrs(context.Background(), slog.LevelError, PluginType, attrs...)
+		var cniErr *types.Error
+		if errors.As(err, &cniErr) {
+			return cniErr
+		}
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	logger.LogAttrs(context.Background(), slog.LevelInfo, PluginType, attrs...)
+	return nil
+}
+
+// logger logs to stderr (which the runtime captures) and, when configured, to the log file.
+func (p *Plugin) logger(conf *Config, level slog.Level) (*slog.Logger, func()) {
+	var w io.Writer = p.Stderr
+	closeLog := func() {}
+	if conf != nil && conf.LogFile != "" {
+		if f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+			w = io.MultiWriter(p.Stderr, f)
+			closeLog = func() { f.Close() }
+		} else {
+			fmt.Fprintf(p.Stderr, "%s: open log file %s: %v\n", PluginType, conf.LogFile, err)
+		}
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), closeLog
+}
+
+// Add installs the redirect for injected pods and passes prevResult through unchanged on every
+// path that succeeds. It fails closed: a pod it cannot read or whose annotations are malformed
+// gets no sandbox, with a message that says what to do.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	c, err := p.begin("ADD", args)
+	if err == nil {
+		err = p.add(c)
+	}
+	return p.end(c, err)
+}
+
+func (p *Plugin) add(c *call) error {
+	if err := c.conf.parsePrevResult("ADD"); err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	rulesets, err := p.rulesFor(c)
+	if err == nil && len(rulesets) > 0 {
+		exec := p.NewExecutor(c.conf)
+		if err = exec.Apply(context.Background(), c.args.Netns, rulesets...); err != nil {
+			err = fmt.Errorf("pod %s: install the redirect: %w; check that the node's iptables works (docs/troubleshooting.md)", c.pod, err)
+		} else {
+			c.decision = "redirected"
+		}
+	}
+	if err != nil {
+		return err
+	}
+	return c.conf.PrevResult.PrintTo(p.Stdout)
+}
+
+// rulesFor decides whether the pod gets detour's rules and builds them, one ruleset per
+// family; no rulesets means the pod is left alone (c.decision says why).
+func (p *Plugin) rulesFor(c *call) ([]iptables.Ruleset, error) {
+	switch {
+	case c.pod.Name == "" || c.pod.Namespace == "":
+		c.decision = "skipped: no K8S_POD_NAMESPACE/K8S_POD_NAME in CNI_ARGS"
+		return nil, nil
+	case slices.Contains(c.conf.ExcludeNamespaces, c.pod.Namespace):
+		c.decision = "skipped: namespace excluded"
+		return nil, nil
+	}
+	podAnnotations, err := p.annotations(c)
+	if err != nil {
+		return nil, err
+	}
+	if !annotations.IsInjected(podAnnotations) {
+		c.decision = "skipped: not injected"
+		return nil, nil
+	}
+	redirect, err := annotations.ParseRedirect(podAnnotations)
+	if err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
+			"pod %s: %v; these annotations are written by the detour webhook: recreate the pod (for example kubectl rollout restart) so the webhook writes them again, and remove any hand-written detour.dev/ values from its template",
+			c.pod, err), "")
+	}
+	c.families = []iptables.Family{iptables.IPv4}
+	if c.conf.IPv6 == IPv6Always || hasIPv6(c.conf.PrevResult) {
+		c.families = append(c.families, iptables.IPv6)
+	}
+	var rulesets []iptables.Ruleset
+	for _, f := range c.families {
+		rs, err := iptables.Build(iptables.ConfigFromRedirect(redirect, f))
+		if err != nil {
+			return nil, fmt.Errorf("pod %s: %w", c.pod, err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	return rulesets, nil
+}
+
+// annotations returns the pod's annotations: from runtimeConfig when the runtime passed them,
+// else from one GET of the pod.
+func (p *Plugin) annotations(c *call) (map[string]string, error) {
+	if c.conf.PodAnnotations != nil {
+		c.source = "runtimeConfig"
+		return c.conf.PodAnnotations, nil
+	}
+	c.source = "api"
+	if c.conf.Kubeconfig == "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
+			"pod %s: the runtime did not pass the pod's annotations (capability %s) and no kubeconfig is configured to read them; set \"kubeconfig\" in the %s conflist entry (detour install-cni does)",
+			c.pod, PodAnnotationsCapability, PluginType), "")
+	}
+	getter, err := p.NewPodGetter(c.conf)
+	if err != nil {
+		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod %s: %v; check the kubeconfig written by detour install-cni", c.pod, err), "")
+	}
+	meta, err := getter.GetPod(context.Background(), c.pod.Namespace, c.pod.Name)
+	switch {
+	case errors.Is(err, errPodNotFound):
+		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod %s: %v; if it was just deleted this error goes away, otherwise check that the kubeconfig points at this cluster", c.pod, err), "")
+	case err != nil:
+		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"pod %s: %v; detour-cni fails closed rather than start the pod without its redirect: check that the API server is reachable from the node and that the kubeconfig is valid — the kubelet retries the sandbox",
+			c.pod, err), "")
+	case c.pod.UID != "" && meta.UID != c.pod.UID:
+		return nil, types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"pod %s: the API server has UID %s but the runtime is creating a sandbox for UID %s (the pod was replaced); the kubelet retries with the current pod",
+			c.pod, meta.UID, c.pod.UID), "")
+	}
+	return meta.Annotations, nil
+}
+
+func hasIPv6(r types.Result) bool {
+	res, err := types100.NewResultFromResult(r)
+	if err != nil {
+		return false
+	}
+	for _, ip := range res.IPs {
+		if ip.Address.IP.To4() == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// Del removes detour's rules from the namespace if it still exists. It needs neither the pod
+// nor prevResult, succeeds when the namespace or the pod is gone, and can run any number of
+// times.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	c, err := p.begin("DEL", args)
+	if err == nil {
+		err = p.del(c)
+	}
+	return p.end(c, err)
+}
+
+func (p *Plugin) del(c *call) error {
+	if c.args.Netns == "" {
+		c.decision = "nothing to do: no network namespace"
+		return nil
+	}
+	if _, err := os.Stat(c.args.Netns); err != nil {
+		c.decision = "nothing to do: network namespace is gone"
+		return nil
+	}
+	if c.conf.PodAnnotations != nil && !annotations.IsInjected(c.conf.PodAnnotations) {
+		c.decision = "nothing to do: not injected"
+		return nil
+	}
+	c.families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+	if err := p.NewExecutor(c.conf).Remove(context.Background(), c.args.Netns, c.families...); err != nil {
+		if _, statErr := os.Stat(c.args.Netns); statErr != nil {
+			c.decision = "nothing to do: network namespace is gone"
+			return nil // it vanished while we worked
+		}
+		return fmt.Errorf("pod %s: remove the redirect: %w", c.pod, err)
+	}
+	c.decision = "removed"
+	return nil
+}
+
+// Check verifies that an injected pod's namespace holds exactly the rules ADD installed and
+// fails with the first difference in words.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	c, err := p.begin("CHECK", args)
+	if err == nil {
+		err = p.check(c)
+	}
+	return p.end(c, err)
+}
+
+func (p *Plugin) check(c *call) error {
+	if err := c.conf.parsePrevResult("CHECK"); err != nil {
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
+	}
+	rulesets, err := p.rulesFor(c)
+	if err != nil || len(rulesets) == 0 {
+		return err
+	}
+	if err := p.NewExecutor(c.conf).Check(context.Background(), c.args.Netns, rulesets...); err != nil {
+		return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
+	}
+	c.decision = "rules match"
+	return nil
+}
+
+// Status reports whether the plugin can work on this node: an iptables backend is usable and
+// the kubeconfig, when configured, is readable.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	c, err := p.begin("STATUS", args)
+	if err == nil {
+		err = p.status(c)
+	}
+	return p.end(c, err)
+}
+
+func (p *Plugin) status(c *call) error {
+	if err := p.NewExecutor(c.conf).Usable(iptables.IPv4); err != nil {
+		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+	}
+	if c.conf.Kubeconfig != "" {
+		if _, err := p.NewPodGetter(c.conf); err != nil {
+			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%v; detour install-cni writes it — is the node agent running?", err), "")
+		}
+	}
+	c.decision = "ready"
+	return nil
+}
+
+// GC has nothing to collect: detour's only state is iptables rules inside pod network
+// namespaces, which go away with the namespaces. There are no files, IP allocations or host
+// rules that a lost DEL could leak.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	c, err := p.begin("GC", args)
+	if err == nil {
+		c.decision = "nothing to collect"
+	}
+	return p.end(c, err)
+}

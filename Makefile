@@ -33,7 +33,7 @@ FUZZTIME ?= 10s
 fuzz:
 	bash hack/fuzz.sh $(FUZZTIME)
 
-bench: bench-iptables
+bench: bench-iptables bench-cni
 
 bench-iptables:
 	bash hack/host-deps.sh
@@ -41,3 +41,11 @@ bench-iptables:
 
 clean:
 	rm -rf $(BIN)
+
+# detour-cni through libcni after the reference bridge plugin: ADD/CHECK/DEL latency with and
+# without detour-cni, sequential and 4 at a time (BENCH_N sandboxes per scenario).
+BENCH_N ?= 30
+bench-cni:
+	bash hack/host-deps.sh
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) \
+		go test ./cniplugin -run '^$$' -bench BenchmarkChain -benchtime $(BENCH_N)x -count 1

@@ -41,7 +41,7 @@ var (
 // fixture is one node: a bridge network as the primary CNI, detour-cni chained after it, and
 // the real local API server holding the pods.
 type fixture struct {
-	t          *testing.T
+	t          testing.TB
 	cni        *testenv.CNI
 	bridge     *testenv.Bridge
 	cfg        *rest.Config
@@ -50,7 +50,7 @@ type fixture struct {
 	namespace  string
 }
 
-func newFixture(t *testing.T, dualStack bool) *fixture {
+func newFixture(t testing.TB, dualStack bool) *fixture {
 	t.Helper()
 	f := &fixture{t: t, cni: testenv.NewCNI(t), bridge: testenv.NewBridge(t, dualStack), cfg: testenv.ControlPlane(t)}
 	f.kubeconfig = testenv.Kubeconfig(t, f.cfg)

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"slices"
-	"strings"
 	"sync"
 
 	"github.com/detourmesh/detour/internal/nsutil"
@@ -102,9 +99,9 @@ func (e *Executor) inspect(ctx context.Context, f Family) (state, error) {
 			continue
 		}
 		s := state{tools: t}
-		// The legacy nat table of a namespace exists only once something used it; reading that
-		// from /proc saves running the tool in fresh pod namespaces.
-		if b != BackendLegacy || legacyNatLoaded(f) {
+		// A fresh pod namespace has no nat table in either backend; asking the kernel directly
+		// saves running the tools there.
+		if natTableExists(b, f) {
 			out, err := e.runner.Run(ctx, t.save, []string{"-t", "nat"}, nil)
 			if err != nil {
 				return state{}, fmt.Errorf("read the %s nat table: %w", f, err)
@@ -193,15 +190,4 @@ func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (string, B
 		return err
 	})
 	return s.raw, s.tools.backend, err
-}
-
-// legacyNatLoaded reports whether the legacy nat table of family f exists in the calling
-// thread's network namespace.
-func legacyNatLoaded(f Family) bool {
-	names := "/proc/thread-self/net/ip_tables_names"
-	if f == IPv6 {
-		names = "/proc/thread-self/net/ip6_tables_names"
-	}
-	b, err := os.ReadFile(names)
-	return err == nil && slices.Contains(strings.Fields(string(b)), "nat")
 }

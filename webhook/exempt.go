@@ -15,6 +15,7 @@ import (
 type decision struct {
 	Decision
 	index int
+	note  string // the warning for the person applying the pod
 }
 
 // exemptions is what decide found for a pod's init containers.
@@ -79,32 +80,22 @@ func behindProxy(pod *corev1.Pod) exemptions {
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		if isSidecar(c) {
-			e.decisions = append(e.decisions, decision{Decision{Container: c.Name, Via: Sidecar}, i})
+			e.decisions = append(e.decisions, decision{Decision: Decision{Container: c.Name, Via: Sidecar}, index: i})
 			continue
 		}
-		e.decisions = append(e.decisions, decision{Decision{Container: c.Name, Via: ViaProxy}, i})
+		e.decisions = append(e.decisions, decision{Decision: Decision{Container: c.Name, Via: ViaProxy}, index: i})
 		names = append(names, fmt.Sprintf("%q", c.Name))
 	}
-	if len(names) > 0 {
+	switch len(names) {
+	case 0:
+	case 1:
 		e.warnings = append(e.warnings, fmt.Sprintf(
-			"detour: the proxy runs as a native sidecar, so init container%s %s start%s after it and reach the network through it",
-			plural(len(names)), strings.Join(names, ", "), singularVerb(len(names))))
+			"detour: the proxy runs as a native sidecar, so init container %s starts after it and reaches the network through it", names[0]))
+	default:
+		e.warnings = append(e.warnings, fmt.Sprintf(
+			"detour: the proxy runs as a native sidecar, so init containers %s start after it and reach the network through it", strings.Join(names, ", ")))
 	}
 	return e
-}
-
-func plural(n int) string {
-	if n == 1 {
-		return ""
-	}
-	return "s"
-}
-
-func singularVerb(n int) string {
-	if n == 1 {
-		return "s"
-	}
-	return ""
 }
 
 // decide makes, in container mode, each init container selected by detour.dev/init-egress
@@ -152,30 +143,30 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	why := map[int]string{}
 	for i := range inits {
 		c := &inits[i]
-		d := decision{Decision{Container: c.Name}, i}
+		d := decision{Decision: Decision{Container: c.Name}, index: i}
 		uid := effectiveUID(pod, c)
 		switch {
 		case isSidecar(c):
 			d.Via = Sidecar
-			e.warnings = append(e.warnings, fmt.Sprintf(
-				"detour: init container %q is a sidecar (restartPolicy: Always); like the app containers, its traffic always goes through the proxy", c.Name))
+			d.note = fmt.Sprintf(
+				"detour: init container %q is a sidecar (restartPolicy: Always); like the app containers, its traffic always goes through the proxy", c.Name)
 		case !s.initEgress.Selects(c.Name):
 			d.Via = NotSelected
-			e.warnings = append(e.warnings, fmt.Sprintf(
+			d.note = fmt.Sprintf(
 				"detour: init container %q is not selected by %s=%q (from %s); its outbound TCP connections go to the proxy, which starts after it, so they fail",
-				c.Name, annotations.InitEgress, s.initEgress.String(), s.initEgressFrom))
+				c.Name, annotations.InitEgress, s.initEgress.String(), s.initEgressFrom)
 		case uid == nil:
 			d.Via, d.Why = Refused, "runs as the image's default user"
-			e.refuse(c.Name, d.Why,
+			d.note = e.refuse(c.Name, d.Why,
 				"set securityContext.runAsUser on the init container or the pod (a non-root UID that no app container uses), "+
 					"or annotate the pod "+annotations.SidecarMode+": native (Kubernetes 1.29 or later)")
 		case *uid < 0 || *uid >= math.MaxUint32:
 			d.Via, d.Why = Refused, fmt.Sprintf("runs as UID %d, which is not a valid UID", *uid)
-			e.refuse(c.Name, d.Why, "set securityContext.runAsUser to a UID from 1 to 4294967294")
+			d.note = e.refuse(c.Name, d.Why, "set securityContext.runAsUser to a UID from 1 to 4294967294")
 		case uint32(*uid) == cfg.Proxy.UID:
 			d.Via, d.ID = ViaProxyUID, cfg.Proxy.UID
-			e.warnings = append(e.warnings, fmt.Sprintf(
-				"detour: init container %q runs as the proxy's UID %d, whose traffic is never redirected; it keeps egress", c.Name, *uid))
+			d.note = fmt.Sprintf(
+				"detour: init container %q runs as the proxy's UID %d, whose traffic is never redirected; it keeps egress", c.Name, *uid)
 		default:
 			reason := uidConflict(*uid, cfg, others)
 			if exempt := e.ids(ViaUID); reason == "" && len(exempt) >= annotations.MaxListItems && !slices.Contains(exempt, uint32(*uid)) {
@@ -187,7 +178,7 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 				continue
 			}
 			d.Via, d.ID = ViaUID, uint32(*uid)
-			e.warnings = append(e.warnings, fmt.Sprintf("detour: init container %q runs as UID %d; it keeps egress as UID %d", c.Name, *uid, *uid))
+			d.note = fmt.Sprintf("detour: init container %q runs as UID %d; it keeps egress as UID %d", c.Name, *uid, *uid)
 		}
 		e.decisions = append(e.decisions, d)
 	}
@@ -198,34 +189,40 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	next := cfg.GIDRange.First
 	for _, i := range needGID {
 		c := &inits[i]
-		d := decision{Decision{Container: c.Name, Why: why[i]}, i}
+		d := decision{Decision: Decision{Container: c.Name, Why: why[i]}, index: i}
 		for next <= cfg.GIDRange.Last && used[next] {
 			next++
 		}
 		if next > cfg.GIDRange.Last || len(e.ids(ViaGID)) >= annotations.MaxListItems {
 			d.Via = Refused
 			d.Why = fmt.Sprintf("%s, and no dedicated GID is left in the reserved range %s", why[i], cfg.GIDRange)
-			e.refuse(c.Name, d.Why, "give the init container a non-root UID that no app container uses, or ask the cluster admin to widen gidRange")
+			d.note = e.refuse(c.Name, d.Why, "give the init container a non-root UID that no app container uses, or ask the cluster admin to widen gidRange")
 		} else {
 			d.Via, d.ID = ViaGID, next
 			used[next] = true
-			e.warnings = append(e.warnings, fmt.Sprintf("detour: init container %q %s; it keeps egress through GID %d", c.Name, why[i], next))
+			d.note = fmt.Sprintf("detour: init container %q %s; it keeps egress through GID %d", c.Name, why[i], next)
 		}
 		e.decisions = append(e.decisions, d)
 	}
 	slices.SortFunc(e.decisions, func(a, b decision) int { return a.index - b.index })
+	for _, d := range e.decisions {
+		if d.note != "" {
+			e.warnings = append(e.warnings, d.note)
+		}
+	}
 	return e
 }
 
-// refuse records an init container that cannot keep egress: a warning under conflictPolicy
-// warn, a denial reason under deny (decide records both; Mutate picks).
-func (e *exemptions) refuse(name, why, fix string) {
-	e.warnings = append(e.warnings, fmt.Sprintf(
+// refuse records the denial reason (used under conflictPolicy deny) for an init container that
+// cannot keep egress, and returns the warning (used under warn).
+func (e *exemptions) refuse(name, why, fix string) string {
+	w := fmt.Sprintf(
 		"detour: init container %q %s, so detour cannot let it reach the network before the proxy starts and its outbound TCP connections will fail; to fix it, %s",
-		name, why, fix))
+		name, why, fix)
 	e.refusals = append(e.refusals, fmt.Sprintf(
 		"init container %q needs network access before the proxy starts, but it %s; to fix the pod, %s, or leave it out of %s",
 		name, why, fix, annotations.InitEgress))
+	return w
 }
 
 // uidConflict says why uid cannot be exempt, or "" when it can.

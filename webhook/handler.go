@@ -1,7 +1,9 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -126,7 +128,13 @@ func NewHandler(cfg *Config, namespaces NamespaceLookup, native bool, log *slog.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
 	rep := &report{}
-	resp := h.inner.Handle(context.WithValue(ctx, reportKey{}, rep), req)
+	var resp admission.Response
+	if req.Operation == admissionv1.Create && !isJSONObject(req.Object.Raw) {
+		// The API server sends JSON; anything else would reach the patch code as garbage.
+		resp = admission.Errored(http.StatusBadRequest, errors.New("the object is not a JSON object"))
+	} else {
+		resp = h.inner.Handle(context.WithValue(ctx, reportKey{}, rep), req)
+	}
 
 	rep.mu.Lock()
 	warnings, res := rep.warnings, rep.result
@@ -171,6 +179,11 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		h.log.Debug("admission", attrs...)
 	}
 	return resp
+}
+
+func isJSONObject(b []byte) bool {
+	b = bytes.TrimLeft(b, " \t\r\n")
+	return len(b) > 0 && b[0] == '{' && json.Valid(b)
 }
 
 // podName is the name of the pod in req, or its generateName prefix.

@@ -23,6 +23,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(
 		// Each component adds its command here.
 		newValidateCommand(),
+		newWebhookCommand(), newInjectCommand(), newRulesCommand(),
 	)
 	return root
 }

@@ -1,0 +1,181 @@
+package cli
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/internal/version"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/webhook"
+)
+
+var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/workloads/golden from the current output")
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const workloads = "../../testdata/workloads"
+
+// run runs the detour command with args and returns its stdout and stderr.
+func run(t *testing.T, stdin string, args ...string) (string, string, error) {
+	t.Helper()
+	root := NewRoot()
+	var out, errOut bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(&errOut)
+	root.SetIn(strings.NewReader(stdin))
+	root.SetArgs(args)
+	err := root.Execute()
+	return out.String(), errOut.String(), err
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join(workloads, "golden", name)
+	if *updateGolden {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run the test with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
+
+// goldenVersion pins the injected marker, so the golden files do not depend on the build.
+func goldenVersion(t *testing.T) {
+	old := version.Version
+	version.Version = "v0.0.0-golden"
+	t.Cleanup(func() { version.Version = old })
+}
+
+var goldenInjectArgs = []string{"--proxy-image=proxy.example/proxy:golden", "--validator-image=detour:golden"}
+
+func TestInjectGolden(t *testing.T) {
+	goldenVersion(t)
+	for _, tc := range []struct {
+		file   string
+		native bool
+	}{
+		{"demo.yaml", true},
+		{"pod-basic.yaml", true},
+		{"deployment-mixed.yaml", false},
+		{"statefulset-pod-defaults.yaml", false},
+		{"job-native.yaml", true},
+		{"cronjob-subset.yaml", false},
+		{"list.yaml", false},
+		{"multi.yaml", false},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			args := append([]string{"inject", "-f", filepath.Join(workloads, tc.file)}, goldenInjectArgs...)
+			if !tc.native {
+				args = append(args, "--native-sidecars=false")
+			}
+			out, errOut, err := run(t, "", args...)
+			if err != nil {
+				t.Fatalf("detour %s: %v\n%s", strings.Join(args, " "), err, errOut)
+			}
+			base := strings.TrimSuffix(tc.file, ".yaml")
+			golden(t, base+".yaml", out)
+			golden(t, base+".stderr", errOut)
+
+			// Injecting the output again changes nothing: the webhook is idempotent.
+			again, _, err := run(t, out, append([]string{"inject", "-f", "-"}, args[3:]...)...)
+			if err != nil || again != out {
+				t.Errorf("injecting the output again changed it (%v):\n%s", err, again)
+			}
+		})
+	}
+}
+
+func TestInjectStdinAndErrors(t *testing.T) {
+	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  initContainers: [{name: i, image: busybox}]\n  containers: [{name: a, image: nginx}]\n"
+	out, errOut, err := run(t, pod, append([]string{"inject", "-f", "-", "--sidecar-mode=container"}, goldenInjectArgs...)...)
+	if err != nil || !strings.Contains(out, "name: "+annotations.ProxyContainer) || !strings.Contains(errOut, `Warning: Pod p: detour: init container "i" runs as the image's default user`) {
+		t.Errorf("stdin injection: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"inject", "-f", "-"}, "proxy.image: is required"},
+		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=sidecar"}, `sidecarMode: "sidecar" is not valid`},
+		{[]string{"inject", "-f", "-", "--proxy-image=p", "--gid-range=10"}, "--gid-range"},
+		{[]string{"inject", "-f", "-", "--proxy-image=p", "--proxy-uid=0"}, "proxy.uid: 0 is not valid"},
+		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=container", "--conflict-policy=deny"}, `Pod p: detour: init container "i" needs network access`},
+		{[]string{"inject", "-f", "-", "--proxy-image=p", "--namespace-annotation=x"}, "key=value"},
+		{[]string{"inject", "-f", "/nonexistent.yaml", "--proxy-image=p"}, "no such file"},
+	} {
+		out, _, err := run(t, pod, tc.args...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("detour %v: error %v, want one containing %q", tc.args, err, tc.want)
+		}
+		if out != "" {
+			t.Errorf("detour %v wrote output on failure:\n%s", tc.args, out)
+		}
+	}
+}
+
+// detour rules prints exactly the ruleset the plugin builds from the injected annotations.
+func TestRules(t *testing.T) {
+	goldenVersion(t)
+	injected, _, err := run(t, "", append([]string{"inject", "-f", filepath.Join(workloads, "deployment-mixed.yaml")}, goldenInjectArgs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run(t, injected, "rules", "-f", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "deployment-mixed.rules", out)
+
+	_, a, err := webhook.PodAnnotations(strings.NewReader(injected))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := annotations.ParseRedirect(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		one, _, err := run(t, injected, "rules", "-f", "-", "--family="+f.String())
+		if err != nil || one != rs.Restore() {
+			t.Errorf("detour rules --family=%s = %q, %v; want the plugin's ruleset %q", f, one, err, rs.Restore())
+		}
+		if !strings.Contains(out, rs.Restore()) {
+			t.Errorf("detour rules does not print the %s ruleset", f)
+		}
+	}
+	for _, want := range []string{"--gid-owner 2600", "--uid-owner 1001", "--dports 4191,9090", "-d 169.254.169.254/32", "-d fd00:ec2::254/128"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("rules lack %q:\n%s", want, out)
+		}
+	}
+
+	for _, tc := range []struct{ stdin, want string }{
+		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "Pod p is not injected"},
+		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {detour.dev/injected: v1, detour.dev/proxy-uid: \"0\"}}\n", "detour.dev/proxy-uid"},
+		{"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "holds no pod"},
+		{"", "no object found"},
+	} {
+		if _, _, err := run(t, tc.stdin, "rules", "-f", "-"); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("rules on %q: error %v, want %q", tc.stdin, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,75 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/webhook"
+)
+
+// newRulesCommand returns `detour rules`, the ruleset the CNI plugin would install for a pod.
+func newRulesCommand() *cobra.Command {
+	var file, family string
+	cmd := &cobra.Command{
+		Use:   "rules -f POD.yaml",
+		Short: "Print the iptables-restore input the CNI plugin would install for an injected pod",
+		Long: `rules reads an injected pod (or a workload whose pod template was injected, e.g. the output of
+detour inject) and prints the nat-table rules the detour CNI plugin installs in its network
+namespace, as iptables-restore input: IPv4 first, then IPv6, each after a comment line. With
+--family the output is exactly one family's input, ready for iptables-restore --test.`,
+		Example: `  # The rules of a running pod:
+  kubectl get pod web-7d4b9 -o yaml | detour rules -f -
+
+  # Check that the IPv4 rules of an injected Deployment load:
+  detour inject -f deploy.yaml --proxy-image=proxy:v1 | detour rules -f - --family=ipv4 | iptables-restore --test`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var families []iptables.Family
+			switch family {
+			case "all":
+				families = []iptables.Family{iptables.IPv4, iptables.IPv6}
+			case "ipv4":
+				families = []iptables.Family{iptables.IPv4}
+			case "ipv6":
+				families = []iptables.Family{iptables.IPv6}
+			default:
+				return fmt.Errorf("--family %q: use ipv4, ipv6 or all", family)
+			}
+			in, closeIn, err := openInput(cmd, file)
+			if err != nil {
+				return err
+			}
+			defer closeIn()
+			name, a, err := webhook.PodAnnotations(in)
+			if err != nil {
+				return fmt.Errorf("read %s: %w", file, err)
+			}
+			if !annotations.IsInjected(a) {
+				return fmt.Errorf("%s is not injected (no %s annotation): detour installs no rules for it; inject it first (detour inject, or the webhook)", name, annotations.Injected)
+			}
+			r, err := annotations.ParseRedirect(a)
+			if err != nil {
+				return fmt.Errorf("%s: %w", name, err)
+			}
+			out := cmd.OutOrStdout()
+			for _, f := range families {
+				rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				if len(families) > 1 {
+					fmt.Fprintf(out, "# %s: %s rules (%s-restore input)\n", name, f, map[iptables.Family]string{iptables.IPv4: "iptables", iptables.IPv6: "ip6tables"}[f])
+				}
+				fmt.Fprint(out, rs.Restore())
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&file, "filename", "f", "", "the pod or workload YAML/JSON; - reads standard input")
+	cmd.Flags().StringVar(&family, "family", "all", "ipv4, ipv6 or all")
+	_ = cmd.MarkFlagRequired("filename")
+	return cmd
+}

@@ -1,0 +1,174 @@
+package webhook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	sigsjson "sigs.k8s.io/json"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+func staticNamespaces(a map[string]string) NamespaceLookup {
+	return NamespaceLookupFunc(func(context.Context, string) (map[string]string, error) { return a, nil })
+}
+
+func request(t testing.TB, op admissionv1.Operation, raw []byte) admission.Request {
+	t.Helper()
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID:       "42",
+		Kind:      metaGVK("", "v1", "Pod"),
+		Resource:  metaGVR("", "v1", "pods"),
+		Namespace: "shop",
+		Operation: op,
+		Object:    runtime.RawExtension{Raw: raw},
+	}}
+}
+
+func podJSON(t testing.TB, pod *corev1.Pod) []byte {
+	t.Helper()
+	pod = pod.DeepCopy()
+	pod.APIVersion, pod.Kind = "v1", "Pod"
+	b, err := json.Marshal(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// applyResponse applies the response's patch to raw and decodes the pod.
+func applyResponse(t testing.TB, raw []byte, resp admission.Response) *corev1.Pod {
+	t.Helper()
+	if err := resp.Complete(admission.Request{}); err != nil {
+		t.Fatal(err)
+	}
+	out := raw
+	if len(resp.Patch) > 0 {
+		p, err := jsonpatch.DecodePatch(resp.Patch)
+		if err != nil {
+			t.Fatalf("decode the patch: %v", err)
+		}
+		if out, err = p.Apply(raw); err != nil {
+			t.Fatalf("apply the patch: %v", err)
+		}
+	}
+	// Case-sensitive, as the API server decodes.
+	var pod corev1.Pod
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(out, &pod); err != nil {
+		t.Fatal(err)
+	}
+	return &pod
+}
+
+func TestHandler(t *testing.T) {
+	cfg := testConfig(t, "sidecarMode: container")
+	h := NewHandler(cfg, staticNamespaces(optedIn), false, nil)
+	ctx := context.Background()
+
+	t.Run("injects and returns the warnings", func(t *testing.T) {
+		raw := podJSON(t, newPod(inits(container("migrate", 0, unset))))
+		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
+		if !resp.Allowed {
+			t.Fatalf("denied: %+v", resp.Result)
+		}
+		if len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], `"migrate" runs as root; it keeps egress through GID 2600`) {
+			t.Errorf("warnings = %q", resp.Warnings)
+		}
+		pod := applyResponse(t, raw, resp)
+		if pod.Annotations[annotations.ExemptGIDs] != "2600" || pod.Spec.InitContainers[0].Name != annotations.ValidatorContainer {
+			t.Errorf("patched pod: %v %v", pod.Annotations, containerNames(pod.Spec.InitContainers))
+		}
+		// Admitting the patched pod again changes nothing.
+		again := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, pod)))
+		if !again.Allowed || len(again.Patches) != 0 {
+			t.Errorf("re-admission patched: %+v", again.Patches)
+		}
+	})
+
+	t.Run("denies with the fix under deny", func(t *testing.T) {
+		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(inits(container("fetch", unset, unset))))))
+		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set securityContext.runAsUser") {
+			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
+		}
+		if len(resp.Warnings) == 0 {
+			t.Error("a denial carries no warnings")
+		}
+	})
+
+	t.Run("updates pass untouched", func(t *testing.T) {
+		resp := h.Handle(ctx, request(t, admissionv1.Update, podJSON(t, newPod())))
+		if !resp.Allowed || len(resp.Patches) != 0 {
+			t.Errorf("update: allowed %v, patches %v", resp.Allowed, resp.Patches)
+		}
+	})
+
+	t.Run("an unreadable object is refused clearly", func(t *testing.T) {
+		resp := h.Handle(ctx, request(t, admissionv1.Create, []byte(`{"kind":"Pod","apiVersion":"v1","spec":{"containers":7}}`)))
+		if resp.Allowed || resp.Result.Code != http.StatusBadRequest || !strings.HasPrefix(resp.Result.Message, "detour webhook: the admission request does not hold a pod") {
+			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
+		}
+	})
+
+	t.Run("a namespace that cannot be read is an error, not a denial", func(t *testing.T) {
+		h := NewHandler(cfg, NamespaceLookupFunc(func(context.Context, string) (map[string]string, error) {
+			return nil, errors.New("connection refused")
+		}), false, nil)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod())))
+		if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, `read namespace "shop": connection refused`) {
+			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
+		}
+	})
+}
+
+// Random pod JSON: the handler never panics, and every response is an allow (whose patch
+// yields a pod the plugin can read, when injected) or a denial with a message.
+func FuzzHandler(f *testing.F) {
+	cfg := testConfig(f, "sidecarMode: container")
+	for _, p := range []*corev1.Pod{
+		newPod(),
+		newPod(inits(container("migrate", 0, unset), container("fetch", 1001, 7), container("x", unset, unset))),
+		newPod(annotate(annotations.InitEgress, "fetch", annotations.SkipOutboundPorts, "25,8000-8100", annotations.ExemptUIDs, "0")),
+		newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), FSGroup: ptr(int64(2600))}), inits(container("a", unset, unset))),
+	} {
+		f.Add(podJSON(f, p), false)
+	}
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","spec":{"initContainers":[{"name":"a","securityContext":{"runAsUser":-5}}]}}`), true)
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"annotations":{"detour.dev/sidecar-mode":"native"}}}`), true)
+	f.Add([]byte(`null`), false)
+	f.Fuzz(func(t *testing.T, raw []byte, native bool) {
+		h := NewHandler(cfg, staticNamespaces(optedIn), native, nil)
+		resp := h.Handle(context.Background(), request(t, admissionv1.Create, raw))
+		if !resp.Allowed {
+			if resp.Result == nil || resp.Result.Message == "" || resp.Result.Code < 400 || resp.Result.Code >= 500 {
+				t.Fatalf("refusal without a clear message: %+v", resp.Result)
+			}
+			return
+		}
+		if len(resp.Patches) == 0 {
+			return
+		}
+		pod := applyResponse(t, raw, resp)
+		if _, err := annotations.ParseRedirect(pod.Annotations); err != nil {
+			t.Fatalf("injected pod's annotations do not parse: %v", err)
+		}
+	})
+}
+
+func metaGVK(group, version, kind string) metav1.GroupVersionKind {
+	return metav1.GroupVersionKind{Group: group, Version: version, Kind: kind}
+}
+
+func metaGVR(group, version, resource string) metav1.GroupVersionResource {
+	return metav1.GroupVersionResource{Group: group, Version: version, Resource: resource}
+}

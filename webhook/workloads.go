@@ -1,0 +1,378 @@
+package webhook
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	jsonpatch "github.com/evanphx/json-patch/v5"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
+	sigsjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
+)
+
+// InjectOptions configure [InjectStream].
+type InjectOptions struct {
+	Config *Config
+	// NamespaceAnnotations stand for the annotations of every document's namespace. Nil means
+	// an opted-in namespace ({detour.dev/inject: enabled}): injecting is what the caller asked.
+	NamespaceAnnotations map[string]string
+	// NativeSidecars says whether the target cluster runs native sidecars (Kubernetes ≥ 1.29).
+	NativeSidecars bool
+}
+
+// Notice is a message about one object of the stream, for stderr.
+type Notice struct {
+	Object  string // e.g. "Deployment shop/web"
+	Message string
+}
+
+func (n Notice) String() string { return n.Object + ": " + n.Message }
+
+// podTemplatePaths are where each workload kind keeps its pod template.
+var podTemplatePaths = map[string][]string{
+	"Deployment":            {"spec", "template"},
+	"StatefulSet":           {"spec", "template"},
+	"DaemonSet":             {"spec", "template"},
+	"ReplicaSet":            {"spec", "template"},
+	"ReplicationController": {"spec", "template"},
+	"Job":                   {"spec", "template"},
+	"CronJob":               {"spec", "jobTemplate", "spec", "template"},
+	"PodTemplate":           {"template"},
+}
+
+// InjectStream applies [Mutate], as the webhook would, to every pod and pod template in a YAML
+// or JSON stream (several documents, Lists, any workload kind) and writes the stream back as
+// YAML. Documents without pods, and pods that are not injected, are written unchanged, byte
+// for byte; in injected ones only what the mutation changed differs (keys come out sorted).
+// Nothing is written when any object fails or is denied: the error names the object.
+func InjectStream(r io.Reader, w io.Writer, o InjectOptions) ([]Notice, error) {
+	if o.Config == nil {
+		return nil, errors.New("inject: no configuration")
+	}
+	if o.NamespaceAnnotations == nil {
+		o.NamespaceAnnotations = optedInNamespace
+	}
+	var out bytes.Buffer
+	var notices []Notice
+	var errs []error
+	reader := yamlutil.NewYAMLReader(bufio.NewReader(r))
+	for n := 1; ; n++ {
+		doc, err := reader.Read()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read document %d: %w", n, err)
+		}
+		obj, err := decodeDocument(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", n, err)
+		}
+		if obj == nil { // empty, or only comments
+			continue
+		}
+		changed, ns, err := injectObject(obj, "", o)
+		notices = append(notices, ns...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("document %d: %w", n, err))
+			continue
+		}
+		if out.Len() > 0 {
+			out.WriteString("---\n")
+		}
+		if !changed {
+			out.Write(bytes.TrimLeft(doc, "\n"))
+			if !bytes.HasSuffix(doc, []byte("\n")) {
+				out.WriteByte('\n')
+			}
+			continue
+		}
+		b, err := json.Marshal(obj)
+		if err == nil {
+			b, err = yaml.JSONToYAML(b)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("document %d: encode: %w", n, err)
+		}
+		out.Write(b)
+	}
+	if len(errs) > 0 {
+		return notices, errors.Join(errs...)
+	}
+	_, err := w.Write(out.Bytes())
+	return notices, err
+}
+
+var optedInNamespace = map[string]string{"detour.dev/inject": "enabled"}
+
+// decodeDocument decodes one YAML or JSON document into a generic object, numbers kept
+// exact; nil for an empty document.
+func decodeDocument(doc []byte) (map[string]any, error) {
+	j, err := yaml.YAMLToJSON(doc)
+	if err != nil {
+		return nil, fmt.Errorf("parse YAML: %w", err)
+	}
+	if t := bytes.TrimSpace(j); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil, nil
+	}
+	var v any
+	d := json.NewDecoder(bytes.NewReader(j))
+	d.UseNumber()
+	if err := d.Decode(&v); err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	obj, ok := v.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("a document must be a Kubernetes object, found %T", v)
+	}
+	return obj, nil
+}
+
+func str(m map[string]any, keys ...string) string {
+	var cur any = m
+	for _, k := range keys {
+		mm, ok := cur.(map[string]any)
+		if !ok {
+			return ""
+		}
+		cur = mm[k]
+	}
+	s, _ := cur.(string)
+	return s
+}
+
+// objectName is "Kind namespace/name" for messages.
+func objectName(obj map[string]any) string {
+	name := str(obj, "metadata", "name")
+	if name == "" {
+		name = str(obj, "metadata", "generateName") + "*"
+	}
+	if ns := str(obj, "metadata", "namespace"); ns != "" {
+		name = ns + "/" + name
+	}
+	return str(obj, "kind") + " " + name
+}
+
+// injectObject injects the pod or pod template of obj (the items of a List), in place.
+func injectObject(obj map[string]any, namespace string, o InjectOptions) (bool, []Notice, error) {
+	kind := str(obj, "kind")
+	if ns := str(obj, "metadata", "namespace"); ns != "" {
+		namespace = ns
+	}
+	if items, ok := obj["items"].([]any); ok && strings.HasSuffix(kind, "List") {
+		var notices []Notice
+		changed := false
+		for i, it := range items {
+			item, ok := it.(map[string]any)
+			if !ok {
+				return false, notices, fmt.Errorf("%s: item %d is not an object", kind, i)
+			}
+			c, n, err := injectObject(item, namespace, o)
+			notices = append(notices, n...)
+			if err != nil {
+				return false, notices, fmt.Errorf("%s item %d: %w", kind, i, err)
+			}
+			changed = changed || c
+		}
+		return changed, notices, nil
+	}
+	var template map[string]any
+	if kind == "Pod" && str(obj, "apiVersion") == "v1" {
+		template = obj
+	} else if path, ok := podTemplatePaths[kind]; ok {
+		template = dig(obj, path)
+		if template == nil {
+			return false, nil, fmt.Errorf("%s: no pod template at .%s", objectName(obj), strings.Join(path, "."))
+		}
+	} else {
+		return false, nil, nil
+	}
+	name := objectName(obj)
+	changed, res, err := injectTemplate(template, namespace, o)
+	var notices []Notice
+	for _, w := range res.Warnings {
+		notices = append(notices, Notice{name, w})
+	}
+	if err != nil {
+		return false, notices, fmt.Errorf("%s: %w", name, err)
+	}
+	if res.Outcome == Skipped {
+		notices = append(notices, Notice{name, "not injected (" + res.Reason + ")"})
+	}
+	return changed, notices, nil
+}
+
+func dig(m map[string]any, path []string) map[string]any {
+	for _, k := range path {
+		next, ok := m[k].(map[string]any)
+		if !ok {
+			return nil
+		}
+		m = next
+	}
+	return m
+}
+
+// podOf decodes a pod template (or a pod) case-sensitively, as the API server does.
+func podOf(template map[string]any) (*corev1.Pod, error) {
+	b, err := json.Marshal(template)
+	if err != nil {
+		return nil, err
+	}
+	var pod corev1.Pod
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(b, &pod); err != nil {
+		return nil, fmt.Errorf("decode the pod: %w", err)
+	}
+	return &pod, nil
+}
+
+// injectTemplate mutates template in place and reports whether it changed.
+func injectTemplate(template map[string]any, namespace string, o InjectOptions) (bool, Result, error) {
+	orig, err := podOf(template)
+	if err != nil {
+		return false, Result{}, err
+	}
+	pod := orig.DeepCopy()
+	res, err := Mutate(pod, Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars}, o.Config)
+	if err != nil || equality.Semantic.DeepEqual(orig, pod) {
+		return false, res, err
+	}
+	meta, _ := template["metadata"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+		template["metadata"] = meta
+	}
+	ann := map[string]any{}
+	for k, v := range pod.Annotations {
+		ann[k] = v
+	}
+	meta["annotations"] = ann
+	spec, _ := template["spec"].(map[string]any)
+	if spec == nil {
+		spec = map[string]any{}
+		template["spec"] = spec
+	}
+	for _, l := range []struct {
+		key         string
+		orig, after []corev1.Container
+	}{
+		{"initContainers", orig.Spec.InitContainers, pod.Spec.InitContainers},
+		{"containers", orig.Spec.Containers, pod.Spec.Containers},
+	} {
+		raw, _ := spec[l.key].([]any)
+		merged, err := mergeContainers(raw, l.orig, l.after)
+		if err != nil {
+			return false, res, fmt.Errorf("write %s: %w", l.key, err)
+		}
+		if merged != nil {
+			spec[l.key] = merged
+		} else {
+			delete(spec, l.key)
+		}
+	}
+	// The rewritten template must hold exactly the mutated pod.
+	check, err := podOf(template)
+	if err != nil || !equality.Semantic.DeepEqual(check.Spec, pod.Spec) || !equality.Semantic.DeepEqual(check.Annotations, pod.Annotations) {
+		return false, res, fmt.Errorf("the rewritten pod differs from the mutation (%v); report this as a bug", err)
+	}
+	return true, res, nil
+}
+
+// mergeContainers writes the mutated list of containers: containers the mutation left alone
+// keep their original form, changed ones get the change as a JSON merge patch, new ones
+// (detour's) are written whole.
+func mergeContainers(raw []any, orig, after []corev1.Container) ([]any, error) {
+	if len(raw) != len(orig) {
+		return nil, fmt.Errorf("%d containers decoded from %d", len(orig), len(raw))
+	}
+	index := map[string]int{}
+	for i, c := range orig {
+		index[c.Name] = i
+	}
+	var out []any
+	for _, c := range after {
+		b, err := json.Marshal(c)
+		if err != nil {
+			return nil, err
+		}
+		i, ok := index[c.Name]
+		if !ok {
+			m, err := decodeDocument(b)
+			if err != nil {
+				return nil, err
+			}
+			if r, ok := m["resources"].(map[string]any); ok && len(r) == 0 {
+				delete(m, "resources")
+			}
+			out = append(out, m)
+			continue
+		}
+		a, err := json.Marshal(orig[i])
+		if err != nil {
+			return nil, err
+		}
+		if bytes.Equal(a, b) {
+			out = append(out, raw[i])
+			continue
+		}
+		patch, err := jsonpatch.CreateMergePatch(a, b)
+		if err != nil {
+			return nil, err
+		}
+		r, err := json.Marshal(raw[i])
+		if err != nil {
+			return nil, err
+		}
+		merged, err := jsonpatch.MergePatch(r, patch)
+		if err != nil {
+			return nil, err
+		}
+		m, err := decodeDocument(merged)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// PodAnnotations returns the annotations of the pod, or of the pod template, in the first
+// object of a YAML or JSON stream, and the object's name for messages.
+func PodAnnotations(r io.Reader) (string, map[string]string, error) {
+	reader := yamlutil.NewYAMLReader(bufio.NewReader(r))
+	var obj map[string]any
+	for obj == nil {
+		doc, err := reader.Read()
+		if err == io.EOF {
+			return "", nil, errors.New("no object found")
+		}
+		if err != nil {
+			return "", nil, err
+		}
+		if obj, err = decodeDocument(doc); err != nil {
+			return "", nil, err
+		}
+	}
+	name := objectName(obj)
+	template := obj
+	if path, ok := podTemplatePaths[str(obj, "kind")]; ok {
+		template = dig(obj, path)
+	} else if str(obj, "kind") != "Pod" {
+		return name, nil, fmt.Errorf("%s holds no pod; give a Pod or a workload (Deployment, Job, ...)", name)
+	}
+	if template == nil {
+		return name, nil, fmt.Errorf("%s has no pod template", name)
+	}
+	pod, err := podOf(template)
+	if err != nil {
+		return name, nil, fmt.Errorf("%s: %w", name, err)
+	}
+	return name, pod.Annotations, nil
+}

@@ -118,7 +118,7 @@ func (p *Plugin) end(c *call, err error) error {
 		slog.String("pod", c.pod.String()),
 		slog.String("container", c.args.ContainerID),
 		slog.String("decision", c.decision),
-		slog.Duration("duration", time.Since(c.start)),
+		slog.String("duration", time.Since(c.start).Round(10*time.Microsecond).String()),
 	}
 	if c.source != "" {
 		attrs = append(attrs, slog.String("annotations", c.source))

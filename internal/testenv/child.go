@@ -49,10 +49,7 @@ type ChildResult struct {
 // bounds it: a child still running when ctx ends is killed, and RunChild returns an error.
 func RunChild(ctx context.Context, ns *NetNS, id Identity, name string, args ...string) (ChildResult, error) {
 	var stdout, stderr bytes.Buffer
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"="+name,
-		"DETOUR_HELPER_UID="+strconv.FormatUint(uint64(id.UID), 10),
-		"DETOUR_HELPER_GID="+strconv.FormatUint(uint64(id.GID), 10))
+	cmd := ChildCommand(ctx, id, name, args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	// The child inherits the namespace of the thread that starts it.
 	if err := ns.Do(cmd.Start); err != nil {
@@ -69,4 +66,15 @@ func RunChild(ctx context.Context, ns *NetNS, id Identity, name string, args ...
 		}
 	}
 	return res, nil
+}
+
+// ChildCommand returns the command that runs the child function name (registered with
+// [MainWithChildren]) with args as id, in the namespace of the thread that starts it; ctx
+// kills it. Tests that signal the child or read its output as it runs start it themselves.
+func ChildCommand(ctx context.Context, id Identity, name string, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], args...)
+	cmd.Env = append(os.Environ(), childEnv+"="+name,
+		"DETOUR_HELPER_UID="+strconv.FormatUint(uint64(id.UID), 10),
+		"DETOUR_HELPER_GID="+strconv.FormatUint(uint64(id.GID), 10))
+	return cmd
 }

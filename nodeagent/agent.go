@@ -1,0 +1,425 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/fsnotify/fsnotify"
+	"k8s.io/client-go/kubernetes"
+)
+
+// configExtensions are the files a runtime loads as networks (containerd's and CRI-O's list).
+var configExtensions = []string{".conf", ".conflist", ".json"}
+
+func isConfigFile(name string) bool {
+	ext := filepath.Ext(name)
+	for _, e := range configExtensions {
+		if ext == e {
+			return true
+		}
+	}
+	return false
+}
+
+// Agent installs and keeps detour's CNI configuration on one node.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	node     *nodeReadiness
+	binary   binaryInstaller
+	debounce time.Duration
+
+	mu     sync.Mutex
+	status Status
+}
+
+// Option configures an Agent.
+type Option func(*Agent)
+
+// WithNodeClient enables node readiness through client (the node is Config.NodeName).
+func WithNodeClient(client kubernetes.Interface) Option {
+	return func(a *Agent) { a.node = &nodeReadiness{client: client} }
+}
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
+
+// WithDebounce sets how long the agent waits after a file event for more before it reconciles
+// (default 100ms).
+func WithDebounce(d time.Duration) Option { return func(a *Agent) { a.debounce = d } }
+
+// New returns an Agent for cfg.
+func New(cfg Config, opts ...Option) *Agent {
+	a := &Agent{
+		cfg:      cfg,
+		log:      slog.Default(),
+		binary:   binaryInstaller{source: cfg.PluginSource, dest: filepath.Join(cfg.BinDir, PluginType)},
+		debounce: 100 * time.Millisecond,
+		status:   Status{Reason: "starting"},
+	}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.node != nil {
+		if cfg.NodeName == "" {
+			a.node = nil
+		} else {
+			a.node.name, a.node.taint = cfg.NodeName, cfg.StartupTaint
+		}
+	}
+	return a
+}
+
+// Status is what the last reconcile found.
+type Status struct {
+	// Primary is the runtime's network configuration file, empty while there is none.
+	Primary string
+	// ConfigInPlace: the primary holds detour's entry, and the binary and kubeconfig exist.
+	ConfigInPlace bool
+	// NodeReady: the startup taint is gone and the ready label set (always false without a
+	// node client).
+	NodeReady bool
+	// Reason says, for people, why the agent is not ready.
+	Reason string
+}
+
+// Ready reports whether the node is ready for injected pods: the config is in place and, when
+// node readiness is enabled, the node is marked.
+func (s Status) Ready(nodeEnabled bool) bool {
+	return s.ConfigInPlace && (s.NodeReady || !nodeEnabled)
+}
+
+// Status returns what the last reconcile found.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status
+}
+
+// Ready reports whether the node is ready for injected pods, and why not.
+func (a *Agent) Ready() (bool, string) {
+	s := a.Status()
+	if s.Ready(a.node != nil) {
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s", s.Primary)
+	}
+	return false, s.Reason
+}
+
+func (a *Agent) setStatus(s Status) {
+	a.mu.Lock()
+	a.status = s
+	a.mu.Unlock()
+}
+
+// Primary returns the network configuration file the runtime uses in dir — the first, in
+// lexical order, with a .conf, .conflist or .json extension, as containerd and CRI-O load them
+// through libcni — or "" when there is none.
+func Primary(dir string) (string, error) {
+	files, err := libcni.ConfFiles(dir, configExtensions)
+	if err != nil {
+		return "", fmt.Errorf("list %s: %w", dir, err)
+	}
+	sort.Strings(files)
+	if len(files) == 0 {
+		return "", nil
+	}
+	return files[0], nil
+}
+
+// Reconcile makes the node's CNI configuration what it should be, once: nothing while the
+// primary CNI has written no configuration; otherwise the binary, the token copy and the
+// kubeconfig, then detour's entry in the primary configuration (converting a .conf into a
+// .conflist), each written only when it differs, then the node marked ready. It returns the
+// resulting status; an error leaves the agent not ready and is retried on the next event or
+// resync.
+func (a *Agent) Reconcile(ctx context.Context) (Status, error) {
+	s, err := a.reconcile(ctx)
+	if err != nil {
+		s.Reason = err.Error()
+	}
+	a.setStatus(s)
+	return s, err
+}
+
+func (a *Agent) reconcile(ctx context.Context) (Status, error) {
+	var s Status
+	primary, err := Primary(a.cfg.ConfDir)
+	if err != nil {
+		return s, err
+	}
+	if primary == "" {
+		s.Reason = fmt.Sprintf("waiting for the primary CNI to write its configuration into %s", a.cfg.ConfDir)
+		return s, nil
+	}
+	s.Primary = primary
+	data, err := os.ReadFile(primary)
+	if err != nil {
+		return s, fmt.Errorf("read the primary CNI configuration: %w", err)
+	}
+	// A file the runtime cannot load either is not touched: the primary may be writing it.
+	list, err := loadNetwork(primary, data)
+	if err != nil {
+		s.Reason = fmt.Sprintf("waiting for %s to become a valid CNI configuration (%v)", primary, err)
+		return s, nil
+	}
+	if err := checkPluginDir(a.cfg.ConfDir, list); err != nil {
+		return s, err
+	}
+
+	if wrote, err := a.binary.ensure(); err != nil {
+		return s, err
+	} else if wrote {
+		a.log.Info("installed the plugin binary", "path", a.binary.dest, "source", a.binary.source)
+	}
+	if wrote, err := a.ensureKubeconfig(); err != nil {
+		return s, err
+	} else if wrote {
+		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
+	}
+	if s.Primary, err = a.ensureEntry(primary, data); err != nil {
+		return s, err
+	}
+	s.ConfigInPlace = true
+
+	if a.node == nil {
+		return s, nil
+	}
+	patched, err := a.node.markReady(ctx)
+	if err != nil {
+		return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
+	}
+	if patched {
+		a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
+	}
+	s.NodeReady = true
+	return s, nil
+}
+
+// loadNetwork parses a configuration file the way the runtime does.
+func loadNetwork(path string, data []byte) (*libcni.NetworkConfigList, error) {
+	if filepath.Ext(path) == ".conflist" {
+		return libcni.ConfListFromBytes(data)
+	}
+	conf, err := libcni.ConfFromBytes(data)
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromConf(conf)
+}
+
+// checkPluginDir refuses a network that also loads plugins from <dir>/<network name>/ (CNI
+// 1.1): libcni runs those after the inline ones, so detour's entry would not follow them.
+func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
+	if list.LoadOnlyInlinedPlugins || list.Name == "" {
+		return nil
+	}
+	pluginDir := filepath.Join(dir, list.Name)
+	files, err := libcni.ConfFiles(pluginDir, []string{".conf"})
+	if err != nil || len(files) == 0 {
+		return nil
+	}
+	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\" or set \"loadOnlyInlinedPlugins\": true", list.Name, pluginDir)
+}
+
+// ensureEntry puts detour's entry into the primary configuration and returns the file that
+// holds it. A .conflist is edited in place. A .conf or .json (one plugin) becomes
+// <name>.conflist, written first, and the original is removed, so the directory holds one
+// configuration for the network and the runtime loads the new file: "x.conf" sorts right
+// before "x.conflist".
+func (a *Agent) ensureEntry(primary string, data []byte) (string, error) {
+	mode := fs.FileMode(0o644)
+	if st, err := os.Stat(primary); err == nil {
+		mode = st.Mode().Perm()
+	}
+	if filepath.Ext(primary) == ".conflist" {
+		out, changed, err := InsertEntry(data, a.cfg.Entry)
+		if err != nil {
+			return primary, fmt.Errorf("add detour's entry to %s: %w", primary, err)
+		}
+		if changed {
+			if _, err := writeFileAtomic(primary, out, mode); err != nil {
+				return primary, err
+			}
+			a.log.Info("added detour's entry to the primary CNI configuration", "file", primary)
+		}
+		return primary, nil
+	}
+
+	target := strings.TrimSuffix(primary, filepath.Ext(primary)) + ".conflist"
+	if existing, err := os.ReadFile(target); err == nil {
+		// Overwrite only a list this agent made from the same network earlier.
+		if ok, _ := EntryInPlace(existing, a.cfg.Entry); !ok && !hasEntry(existing) {
+			return primary, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
+		}
+	}
+	list, err := ConvertConf(data)
+	if err != nil {
+		return primary, fmt.Errorf("convert %s into a conflist: %w", primary, err)
+	}
+	out, _, err := InsertEntry(list, a.cfg.Entry)
+	if err != nil {
+		return primary, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
+	}
+	if _, err := writeFileAtomic(target, out, mode); err != nil {
+		return primary, err
+	}
+	if _, err := removeFile(primary); err != nil {
+		return primary, err
+	}
+	a.log.Info("converted the primary CNI configuration into a conflist with detour's entry", "from", primary, "to", target)
+	if now, err := Primary(a.cfg.ConfDir); err == nil && now != target {
+		return target, fmt.Errorf("converted %s into %s, but the runtime now loads %s first", primary, target, now)
+	}
+	return target, nil
+}
+
+// hasEntry reports whether a conflist holds any detour entry.
+func hasEntry(conflist []byte) bool {
+	_, _, plugins, err := splitPlugins(conflist)
+	if err != nil {
+		return false
+	}
+	for _, p := range plugins {
+		if isEntry(p) {
+			return true
+		}
+	}
+	return false
+}
+
+// Run reconciles now, then whenever the CNI config directory, the bin directory or the service
+// account directory changes (fsnotify, with a short debounce), and every resync interval in
+// case an event was missed. Each reconcile writes only what differs, so the agent's own writes
+// cause one more reconcile that writes nothing: there is no write loop. Run returns when ctx
+// ends and leaves everything in place (a rollout must not open a window without the plugin).
+func (a *Agent) Run(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch the CNI directories: %w", err)
+	}
+	defer w.Close()
+	watched := map[string]bool{}
+	watch := func() {
+		for _, dir := range []string{a.cfg.ConfDir, a.cfg.BinDir, a.cfg.ServiceAccountDir} {
+			if watched[dir] {
+				continue
+			}
+			if err := w.Add(dir); err != nil {
+				a.log.Warn("cannot watch a directory yet; relying on the resync", "dir", dir, "err", err)
+				continue
+			}
+			watched[dir] = true
+		}
+	}
+	watch()
+	a.reconcileAndLog(ctx)
+
+	resync := time.NewTicker(a.cfg.Resync)
+	defer resync.Stop()
+	debounce := time.NewTimer(time.Hour)
+	debounce.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			a.log.Info("stopping; detour's CNI configuration stays in place")
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return errors.New("the file watcher stopped")
+			}
+			if isTemp(ev.Name) {
+				continue
+			}
+			if ev.Has(fsnotify.Remove) || ev.Has(fsnotify.Rename) {
+				if watched[ev.Name] {
+					delete(watched, ev.Name) // a watched directory itself went away
+				}
+			}
+			debounce.Reset(a.debounce)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return errors.New("the file watcher stopped")
+			}
+			a.log.Warn("file watcher error; the resync catches up", "err", err)
+		case <-debounce.C:
+			a.reconcileAndLog(ctx)
+		case <-resync.C:
+			watch()
+			a.reconcileAndLog(ctx)
+		}
+	}
+}
+
+func (a *Agent) reconcileAndLog(ctx context.Context) {
+	before := a.Status()
+	s, err := a.Reconcile(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		a.log.Error("reconcile failed; retrying on the next change or resync", "err", err)
+	case err == nil && s.Reason != "" && s.Reason != before.Reason:
+		a.log.Info(s.Reason)
+	}
+}
+
+// Uninstall removes what the agent installed: detour's entry from every conflist in the
+// directory, the plugin binary, the kubeconfig and the token copy, and the node's ready label.
+// It goes on after an error and returns them all.
+func (a *Agent) Uninstall(ctx context.Context) error {
+	var errs []error
+	files, err := libcni.ConfFiles(a.cfg.ConfDir, []string{".conflist"})
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list %s: %w", a.cfg.ConfDir, err))
+	}
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !hasEntry(data) {
+			continue
+		}
+		out, changed, err := RemoveEntries(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
+			continue
+		}
+		mode := fs.FileMode(0o644)
+		if st, err := os.Stat(f); err == nil {
+			mode = st.Mode().Perm()
+		}
+		if changed {
+			if _, err := writeFileAtomic(f, out, mode); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			a.log.Info("removed detour's entry", "file", f)
+		}
+	}
+	for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
+		if removed, err := removeFile(f); err != nil {
+			errs = append(errs, err)
+		} else if removed {
+			a.log.Info("removed", "file", f)
+		}
+	}
+	if a.node != nil {
+		if err := a.node.unlabel(ctx); err != nil {
+			errs = append(errs, err)
+		} else {
+			a.log.Info("removed the node's ready label", "node", a.node.name)
+		}
+	}
+	a.setStatus(Status{Reason: "uninstalled"})
+	return errors.Join(errs...)
+}

@@ -1,0 +1,233 @@
+package nodeagent
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// Defaults of the agent's flags.
+const (
+	DefaultConfDir           = "/host/etc/cni/net.d"
+	DefaultHostConfDir       = "/etc/cni/net.d"
+	DefaultBinDir            = "/host/opt/cni/bin"
+	DefaultKubeconfigName    = "detour-cni.kubeconfig"
+	DefaultTokenName         = "detour-cni.token"
+	DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+	DefaultResync            = 10 * time.Second
+	DefaultAPITimeout        = 5 * time.Second
+)
+
+// Flags are the raw settings of `detour install-cni`; [Flags.Parse] validates them.
+type Flags struct {
+	// ConfDir is the CNI config directory as the agent sees it (the host's, mounted).
+	ConfDir string
+	// HostConfDir is the same directory as the host sees it: paths written into files the
+	// plugin reads on the host start with it.
+	HostConfDir string
+	// BinDir is the CNI bin directory as the agent sees it.
+	BinDir string
+	// PluginSource is the detour-cni binary to install; empty means next to the running
+	// executable.
+	PluginSource      string
+	KubeconfigName    string
+	TokenName         string
+	ServiceAccountDir string
+	// APIServer is the URL the plugin reaches the API server at; empty means
+	// https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
+	APIServer string
+
+	// The plugin's settings, written into its conflist entry.
+	APITimeout        time.Duration
+	IPTablesBackend   string
+	LogLevel          string
+	LogFile           string
+	ExcludeNamespaces []string
+
+	// NodeName is the node the agent runs on; empty disables node readiness.
+	NodeName     string
+	StartupTaint string
+	Resync       time.Duration
+}
+
+// DefaultFlags returns the defaults, with NodeName from $NODE_NAME.
+func DefaultFlags() Flags {
+	return Flags{
+		ConfDir:           DefaultConfDir,
+		HostConfDir:       DefaultHostConfDir,
+		BinDir:            DefaultBinDir,
+		KubeconfigName:    DefaultKubeconfigName,
+		TokenName:         DefaultTokenName,
+		ServiceAccountDir: DefaultServiceAccountDir,
+		APITimeout:        DefaultAPITimeout,
+		IPTablesBackend:   "auto",
+		LogLevel:          "info",
+		ExcludeNamespaces: []string{"kube-system"},
+		NodeName:          os.Getenv("NODE_NAME"),
+		StartupTaint:      annotations.CNINotReadyTaint,
+		Resync:            DefaultResync,
+	}
+}
+
+// Config is the agent's validated configuration; only [Flags.Parse] makes one.
+type Config struct {
+	ConfDir, HostConfDir, BinDir string
+	PluginSource                 string
+	ServiceAccountDir            string
+	APIServer                    string
+	// KubeconfigPath and TokenPath are where the agent writes the plugin's kubeconfig and
+	// token copy; HostKubeconfigPath and HostTokenPath are the same files as the host sees them.
+	KubeconfigPath, HostKubeconfigPath string
+	TokenPath, HostTokenPath           string
+	// Entry is detour's plugin configuration, the JSON object appended to the conflist.
+	Entry        []byte
+	NodeName     string
+	StartupTaint string
+	Resync       time.Duration
+}
+
+// entry is detour's conflist entry; the plugin (cniplugin.ParseConfig) reads these keys.
+type entry struct {
+	Type              string          `json:"type"`
+	Name              string          `json:"name"`
+	Kubeconfig        string          `json:"kubeconfig"`
+	APITimeout        string          `json:"apiTimeout"`
+	IPTablesBackend   string          `json:"iptablesBackend"`
+	LogLevel          string          `json:"logLevel"`
+	LogFile           string          `json:"logFile,omitempty"`
+	ExcludeNamespaces []string        `json:"excludeNamespaces"`
+	Capabilities      map[string]bool `json:"capabilities"`
+}
+
+// PodAnnotationsCapability is the capability through which the runtime passes a pod's
+// annotations to the plugin.
+const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
+
+// Parse validates the flags and returns the Config. Errors name the flag, the value and what
+// a valid one looks like.
+func (f Flags) Parse() (Config, error) {
+	c := Config{
+		ConfDir:           filepath.Clean(f.ConfDir),
+		HostConfDir:       filepath.Clean(f.HostConfDir),
+		BinDir:            filepath.Clean(f.BinDir),
+		ServiceAccountDir: filepath.Clean(f.ServiceAccountDir),
+		NodeName:          f.NodeName,
+		StartupTaint:      f.StartupTaint,
+		Resync:            f.Resync,
+	}
+	for _, d := range []struct{ flag, value string }{
+		{"--cni-conf-dir", f.ConfDir}, {"--host-cni-conf-dir", f.HostConfDir}, {"--cni-bin-dir", f.BinDir},
+		{"--service-account-dir", f.ServiceAccountDir},
+	} {
+		if !filepath.IsAbs(d.value) {
+			return c, flagError(d.flag, d.value, "must be an absolute directory path")
+		}
+	}
+	for _, n := range []struct{ flag, value string }{{"--kubeconfig-name", f.KubeconfigName}, {"--token-name", f.TokenName}} {
+		if n.value == "" || n.value != filepath.Base(n.value) || strings.HasPrefix(n.value, ".") || isConfigFile(n.value) {
+			return c, flagError(n.flag, n.value, "must be a plain file name, not hidden and without a .conf, .conflist or .json extension (the runtime would load it as a network)")
+		}
+	}
+	if f.KubeconfigName == f.TokenName {
+		return c, flagError("--token-name", f.TokenName, "must differ from --kubeconfig-name")
+	}
+	c.KubeconfigPath, c.HostKubeconfigPath = filepath.Join(c.ConfDir, f.KubeconfigName), filepath.Join(c.HostConfDir, f.KubeconfigName)
+	c.TokenPath, c.HostTokenPath = filepath.Join(c.ConfDir, f.TokenName), filepath.Join(c.HostConfDir, f.TokenName)
+
+	c.PluginSource = f.PluginSource
+	if c.PluginSource == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return c, fmt.Errorf("find the running executable to locate %s next to it: %w; set --plugin-source", PluginType, err)
+		}
+		c.PluginSource = filepath.Join(filepath.Dir(exe), PluginType)
+	}
+	if !filepath.IsAbs(c.PluginSource) {
+		return c, flagError("--plugin-source", c.PluginSource, "must be an absolute path to the detour-cni binary, such as /opt/detour/bin/detour-cni")
+	}
+
+	var err error
+	if c.APIServer, err = apiServer(f.APIServer); err != nil {
+		return c, err
+	}
+
+	if f.APITimeout < 100*time.Millisecond || f.APITimeout > 2*time.Minute {
+		return c, flagError("--api-timeout", f.APITimeout.String(), "must be from 100ms to 2m0s, such as 5s")
+	}
+	switch f.IPTablesBackend {
+	case "auto", "legacy", "nft":
+	default:
+		return c, flagError("--iptables-backend", f.IPTablesBackend, `must be "auto", "legacy" or "nft"`)
+	}
+	switch f.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return c, flagError("--log-level", f.LogLevel, `must be "debug", "info", "warn" or "error"`)
+	}
+	if f.LogFile != "" && !filepath.IsAbs(f.LogFile) {
+		return c, flagError("--log-file", f.LogFile, "must be an absolute path on the host, or empty to log to the runtime")
+	}
+	exclude := []string{}
+	for _, ns := range f.ExcludeNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return c, flagError("--exclude-namespaces", ns, "must list namespace names: "+strings.Join(errs, "; "))
+		}
+		exclude = append(exclude, ns)
+	}
+	c.Entry, err = json.Marshal(entry{
+		Type:              PluginType,
+		Name:              PluginType,
+		Kubeconfig:        c.HostKubeconfigPath,
+		APITimeout:        f.APITimeout.String(),
+		IPTablesBackend:   f.IPTablesBackend,
+		LogLevel:          f.LogLevel,
+		LogFile:           f.LogFile,
+		ExcludeNamespaces: exclude,
+		Capabilities:      map[string]bool{PodAnnotationsCapability: true},
+	})
+	if err != nil {
+		return c, err
+	}
+
+	if f.NodeName != "" {
+		if errs := validation.IsDNS1123Subdomain(f.NodeName); len(errs) > 0 {
+			return c, flagError("--node-name", f.NodeName, "must be a node name: "+strings.Join(errs, "; "))
+		}
+	}
+	if errs := validation.IsQualifiedName(f.StartupTaint); len(errs) > 0 {
+		return c, flagError("--startup-taint", f.StartupTaint, "must be a taint key such as "+annotations.CNINotReadyTaint+": "+strings.Join(errs, "; "))
+	}
+	if f.Resync < time.Second || f.Resync > time.Hour {
+		return c, flagError("--resync-interval", f.Resync.String(), "must be from 1s to 1h0m0s, such as 10s")
+	}
+	return c, nil
+}
+
+// apiServer returns the API server URL the plugin uses: the flag's, or the in-cluster one.
+func apiServer(flag string) (string, error) {
+	if flag == "" {
+		host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+		if host == "" || port == "" {
+			return "", fmt.Errorf("the API server address is unknown: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set (the agent runs outside a pod?); set --api-server")
+		}
+		return "https://" + net.JoinHostPort(host, port), nil
+	}
+	u, err := url.Parse(flag)
+	if err != nil || u.Scheme != "https" || u.Host == "" || (u.Path != "" && u.Path != "/") {
+		return "", flagError("--api-server", flag, "must be an https URL such as https://10.96.0.1:443")
+	}
+	return strings.TrimSuffix(flag, "/"), nil
+}
+
+func flagError(flag, value, rule string) error {
+	return fmt.Errorf("invalid %s %q: it %s", flag, value, rule)
+}

@@ -1,0 +1,77 @@
+package nodeagent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// nodeReadiness marks the agent's node ready for injected pods. It never adds the startup
+// taint: nodes are registered with it (kubelet --register-with-taints, Karpenter startupTaints).
+type nodeReadiness struct {
+	client kubernetes.Interface
+	name   string
+	taint  string
+}
+
+// markReady removes every taint with the startup key (any effect) and sets the ready label, in
+// one merge patch that carries the node's resourceVersion: if the node changed since it was
+// read (another controller edited its taints), the API server refuses it and it is retried on
+// a fresh read, so no one else's change is lost. It reports whether it patched.
+func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
+	patched := false
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get node %s: %w", n.name, err)
+		}
+		taints := make([]corev1.Taint, 0, len(node.Spec.Taints))
+		for _, t := range node.Spec.Taints {
+			if t.Key != n.taint {
+				taints = append(taints, t)
+			}
+		}
+		if len(taints) == len(node.Spec.Taints) && node.Labels[annotations.CNIReadyLabel] == "true" {
+			return nil
+		}
+		patch := map[string]any{
+			"metadata": map[string]any{
+				"resourceVersion": node.ResourceVersion,
+				"labels":          map[string]any{annotations.CNIReadyLabel: "true"},
+			},
+			"spec": map[string]any{"taints": taints},
+		}
+		if err := n.patch(ctx, patch); err != nil {
+			return err
+		}
+		patched = true
+		return nil
+	})
+	return patched, err
+}
+
+// unlabel removes the ready label (uninstall). The taint is not put back: detour never adds it.
+func (n *nodeReadiness) unlabel(ctx context.Context) error {
+	return n.patch(ctx, map[string]any{
+		"metadata": map[string]any{"labels": map[string]any{annotations.CNIReadyLabel: nil}},
+	})
+}
+
+func (n *nodeReadiness) patch(ctx context.Context, patch map[string]any) error {
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if _, err := n.client.CoreV1().Nodes().Patch(ctx, n.name, types.MergePatchType, b, metav1.PatchOptions{FieldManager: "detour-install-cni"}); err != nil {
+		return fmt.Errorf("patch node %s: %w (the agent's service account needs get and patch on nodes)", n.name, err)
+	}
+	return nil
+}

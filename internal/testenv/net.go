@@ -19,10 +19,6 @@ import (
 	"github.com/detourmesh/detour/internal/origdst"
 )
 
-func prefixToIPNet(p netip.Prefix) *net.IPNet {
-	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-}
-
 // Server is a TCP listener in a namespace that answers every connection with one line,
 // "<name> <original destination>", and closes it: a client learns who answered and where the
 // connection was headed before any redirect.

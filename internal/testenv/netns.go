@@ -1,41 +1,26 @@
 package testenv
 
 import (
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
-	"runtime"
-	"strconv"
 	"testing"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-	"golang.org/x/sys/unix"
-
-	"github.com/detourmesh/detour/internal/nsutil"
+	"github.com/detourmesh/detour/internal/netlab"
 )
 
 // nsRoot holds the bind mounts that keep test namespaces alive, one directory per test
 // process, so parallel test binaries never touch each other's.
 const nsRoot = "/run/detour-test"
 
-func nsDir() string { return filepath.Join(nsRoot, strconv.Itoa(os.Getpid())) }
-
-// NetNS is a network namespace a test created; Path is what CNI_NETNS and nsutil.Do take.
-type NetNS struct {
-	Name string
-	Path string
-}
+// NetNS is a network namespace a test created (see netlab.NetNS).
+type NetNS = netlab.NetNS
 
 // NewNetNS creates a network namespace with loopback up and removes it when the test ends.
 func NewNetNS(t testing.TB) *NetNS {
 	t.Helper()
 	Privileged(t)
-	sweepStaleNamespaces()
-	ns, err := createNetNS()
+	netlab.Sweep(nsRoot)
+	ns, err := netlab.Create(netlab.ProcessDir(nsRoot))
 	if err != nil {
 		t.Fatalf("create network namespace: %v", err)
 	}
@@ -47,154 +32,21 @@ func NewNetNS(t testing.TB) *NetNS {
 	return ns
 }
 
-func createNetNS() (*NetNS, error) {
-	if err := os.MkdirAll(nsDir(), 0o755); err != nil {
-		return nil, err
-	}
-	var suffix [4]byte
-	_, _ = rand.Read(suffix[:])
-	ns := &NetNS{Name: "ns-" + hex.EncodeToString(suffix[:])}
-	ns.Path = filepath.Join(nsDir(), ns.Name)
-	f, err := os.Create(ns.Path)
-	if err != nil {
-		return nil, err
-	}
-	f.Close()
-
-	// Create the namespace on a locked thread of its own, bind-mount it to keep it alive, and
-	// let the thread die with it (it is never unlocked).
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		self := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(self, ns.Path, "none", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind-mount %s: %w", ns.Path, err)
-			return
-		}
-		errc <- nil
-	}()
-	if err := <-errc; err != nil {
-		os.Remove(ns.Path)
-		return nil, err
-	}
-	if err := ns.Handle(func(h *netlink.Handle) error {
-		lo, err := h.LinkByName("lo")
-		if err != nil {
-			return err
-		}
-		return h.LinkSetUp(lo)
-	}); err != nil {
-		ns.Remove()
-		return nil, fmt.Errorf("bring up loopback: %w", err)
-	}
-	return ns, nil
-}
-
-// Remove unmounts and deletes the namespace; it is safe to call twice.
-func (ns *NetNS) Remove() error {
-	if err := unix.Unmount(ns.Path, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
-		return fmt.Errorf("unmount %s: %w", ns.Path, err)
-	}
-	if err := os.Remove(ns.Path); err != nil && !os.IsNotExist(err) {
-		return err
-	}
-	return nil
-}
-
-// Do runs fn inside the namespace (see nsutil.Do).
-func (ns *NetNS) Do(fn func() error) error { return nsutil.Do(ns.Path, fn) }
-
-// Handle runs fn with a netlink handle bound to the namespace, without switching threads.
-func (ns *NetNS) Handle(fn func(*netlink.Handle) error) error {
-	fd, err := netns.GetFromPath(ns.Path)
-	if err != nil {
-		return err
-	}
-	defer fd.Close()
-	h, err := netlink.NewHandleAt(fd)
-	if err != nil {
-		return err
-	}
-	defer h.Close()
-	return fn(h)
-}
-
-// sweepStaleNamespaces removes the namespaces left by test processes that no longer run (a
-// test binary killed by a timeout runs no cleanup).
-func sweepStaleNamespaces() {
-	dirs, _ := os.ReadDir(nsRoot)
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil || pid == os.Getpid() {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join("/proc", d.Name())); err == nil {
-			continue // still running
-		}
-		dir := filepath.Join(nsRoot, d.Name())
-		entries, _ := os.ReadDir(dir)
-		for _, e := range entries {
-			(&NetNS{Path: filepath.Join(dir, e.Name())}).Remove()
-		}
-		os.Remove(dir)
-	}
-}
-
-func removeNamespaceDir() { os.Remove(nsDir()) }
+func removeNamespaceDir() { os.Remove(netlab.ProcessDir(nsRoot)) }
 
 // Link connects namespaces a and b with a veth pair named ifA (in a) and ifB (in b), gives each
 // end its addresses (private ones, between the test's own namespaces only) and brings both up.
-// IPv6 addresses skip duplicate address detection so they work at once.
 func Link(t testing.TB, a *NetNS, ifA string, addrsA []netip.Prefix, b *NetNS, ifB string, addrsB []netip.Prefix) {
 	t.Helper()
-	err := a.Handle(func(ha *netlink.Handle) error {
-		peerNS, err := netns.GetFromPath(b.Path)
-		if err != nil {
-			return err
-		}
-		defer peerNS.Close()
-		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: ifA}, PeerName: ifB, PeerNamespace: netlink.NsFd(peerNS)}
-		if err := ha.LinkAdd(veth); err != nil {
-			return fmt.Errorf("add veth %s/%s: %w", ifA, ifB, err)
-		}
-		return configure(ha, ifA, addrsA)
-	})
-	if err == nil {
-		err = b.Handle(func(hb *netlink.Handle) error { return configure(hb, ifB, addrsB) })
+	if err := netlab.Link(a, ifA, addrsA, b, ifB, addrsB); err != nil {
+		t.Fatal(err)
 	}
-	if err != nil {
-		t.Fatalf("link %s and %s: %v", a.Name, b.Name, err)
-	}
-}
-
-func configure(h *netlink.Handle, name string, addrs []netip.Prefix) error {
-	link, err := h.LinkByName(name)
-	if err != nil {
-		return err
-	}
-	for _, p := range addrs {
-		addr := &netlink.Addr{IPNet: prefixToIPNet(p)}
-		if p.Addr().Is6() {
-			addr.Flags = unix.IFA_F_NODAD
-		}
-		if err := h.AddrAdd(link, addr); err != nil {
-			return fmt.Errorf("add %s to %s: %w", p, name, err)
-		}
-	}
-	return h.LinkSetUp(link)
 }
 
 // AddRoute adds a route to dst via gw inside the namespace (default routes use 0.0.0.0/0 or ::/0).
 func AddRoute(t testing.TB, ns *NetNS, dst netip.Prefix, gw netip.Addr) {
 	t.Helper()
-	err := ns.Handle(func(h *netlink.Handle) error {
-		return h.RouteAdd(&netlink.Route{Dst: prefixToIPNet(dst), Gw: gw.AsSlice()})
-	})
-	if err != nil {
-		t.Fatalf("route %s via %s in %s: %v", dst, gw, ns.Name, err)
+	if err := netlab.AddRoute(ns, dst, gw); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the binaries the integration tests and the demo run — kube-apiserver, etcd and the
-# reference CNI plugins — each from its own Go module (pinned in hack/tools/*/go.mod), and caches
+# Builds the binaries the integration tests and the demo run — kube-apiserver, etcd, the
+# reference CNI plugins and helm — each from its own Go module (pinned in hack/tools/*/go.mod), and caches
 # them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a
 # cold kube-apiserver build takes 10–15 minutes on 2 cores.
 #
@@ -20,7 +20,8 @@ api=$(module_version "$root/go.mod" k8s.io/api)
 kube=$(module_version "$root/hack/tools/kube-apiserver/go.mod" k8s.io/kubernetes)
 etcd=$(module_version "$root/hack/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 plugins=$(module_version "$root/hack/tools/cni-plugins/go.mod" github.com/containernetworking/plugins)
-for v in api kube etcd plugins; do
+helm=$(module_version "$root/hack/tools/helm/go.mod" helm.sh/helm/v3)
+for v in api kube etcd plugins helm; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
 # k8s.io/api v0.X.Y goes with Kubernetes v1.X.Y.
@@ -58,4 +59,5 @@ build etcd "$etcd" etcd go.etcd.io/etcd/server/v3
 for p in main/bridge main/loopback ipam/host-local; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
+build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
 echo "$bin"

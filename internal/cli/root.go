@@ -22,7 +22,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(
 		// Each component adds its command here.
-		newValidateCommand(),
+		newValidateCommand(), newInstallCNICommand(),
 		newWebhookCommand(), newInjectCommand(), newRulesCommand(),
 	)
 	return root

@@ -1,0 +1,131 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/spf13/cobra"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/detourmesh/detour/nodeagent"
+)
+
+// newInstallCNICommand returns `detour install-cni`, the node agent.
+func newInstallCNICommand() *cobra.Command {
+	f := nodeagent.DefaultFlags()
+	var (
+		uninstall  bool
+		healthAddr string
+		kubeconfig string
+	)
+	cmd := &cobra.Command{
+		Use:   "install-cni",
+		Short: "Install detour-cni into the node's CNI configuration and keep it there (DaemonSet)",
+		Long: `install-cni is detour's node agent. It waits for the primary CNI's configuration, then installs the
+detour-cni binary, a kubeconfig for it, and detour's entry at the end of the configuration the runtime
+uses; it puts the entry back whenever the primary rewrites its file, refreshes the plugin's token when
+the service-account token rotates, and once everything is in place removes the node's startup taint
+and labels the node detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall
+removes it. See docs/node-agent.md.`,
+		Example: `  # In the DaemonSet (host's /etc/cni/net.d and /opt/cni/bin mounted under /host):
+  detour install-cni --node-name=$(NODE_NAME)
+
+  # Remove detour from the node (the chart's uninstall path):
+  detour install-cni --uninstall --node-name=$(NODE_NAME)`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.Parse()
+			if err != nil {
+				return err
+			}
+			if cfg.NodeName == "" {
+				return errors.New("the node name is unknown: set --node-name or NODE_NAME (from the downward API, fieldRef spec.nodeName)")
+			}
+			client, err := agentKubeClient(kubeconfig)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", "install-cni", "node", cfg.NodeName)
+			agent := nodeagent.New(cfg, nodeagent.WithNodeClient(client), nodeagent.WithLogger(log))
+			if uninstall {
+				if err := agent.Uninstall(cmd.Context()); err != nil {
+					return fmt.Errorf("uninstall: %w", err)
+				}
+				return nil
+			}
+			stop, err := serveAgentHTTP(healthAddr, agent.Handler(), log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			return agent.Run(cmd.Context())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.ConfDir, "cni-conf-dir", f.ConfDir, "the host's CNI config directory, as mounted in the agent's container")
+	fl.StringVar(&f.HostConfDir, "host-cni-conf-dir", f.HostConfDir, "the same directory as the host sees it (paths the plugin reads are written with it)")
+	fl.StringVar(&f.BinDir, "cni-bin-dir", f.BinDir, "the host's CNI bin directory, as mounted in the agent's container")
+	fl.StringVar(&f.PluginSource, "plugin-source", f.PluginSource, "the detour-cni binary to install (default: detour-cni next to this executable, /opt/detour/bin/detour-cni in the image)")
+	fl.StringVar(&f.KubeconfigName, "kubeconfig-name", f.KubeconfigName, "file name of the plugin's kubeconfig in the CNI config directory")
+	fl.StringVar(&f.TokenName, "token-name", f.TokenName, "file name of the plugin's copy of the service-account token in the CNI config directory")
+	fl.StringVar(&f.ServiceAccountDir, "service-account-dir", f.ServiceAccountDir, "directory of the agent's service-account token and ca.crt")
+	fl.StringVar(&f.APIServer, "api-server", f.APIServer, "https URL the plugin reaches the API server at (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
+	fl.DurationVar(&f.APITimeout, "api-timeout", f.APITimeout, "the plugin's bound on a pod lookup (apiTimeout)")
+	fl.StringVar(&f.IPTablesBackend, "iptables-backend", f.IPTablesBackend, `the plugin's iptables backend: "auto", "legacy" or "nft" (iptablesBackend)`)
+	fl.StringVar(&f.LogLevel, "log-level", f.LogLevel, `the plugin's log level: "debug", "info", "warn" or "error" (logLevel)`)
+	fl.StringVar(&f.LogFile, "log-file", f.LogFile, "the plugin's log file on the host; empty logs to the runtime only (logFile)")
+	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "namespaces the plugin leaves alone; empty for none (excludeNamespaces)")
+	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name (default $NODE_NAME)")
+	fl.StringVar(&f.StartupTaint, "startup-taint", f.StartupTaint, "key of the startup taint removed once the config is in place (any effect)")
+	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")
+	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
+	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the token copy and the node's ready label, then exit")
+	return cmd
+}
+
+// kubeClient returns a client from kubeconfig, or the in-cluster one when it is empty.
+func agentKubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("configure the API client: %w (outside a pod, set --kubeconfig)", err)
+	}
+	cfg.UserAgent = "detour"
+	return kubernetes.NewForConfig(cfg)
+}
+
+// serveHTTP serves h on addr until stop is called; an empty addr serves nothing.
+func serveAgentHTTP(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s for probes and metrics: %w (choose another address with the flag)", addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", "addr", addr, "err", err)
+		}
+	}()
+	log.Info("serving", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

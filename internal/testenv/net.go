@@ -12,10 +12,10 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/detourmesh/detour/internal/netlab"
 	"github.com/detourmesh/detour/internal/origdst"
 )
 
@@ -62,13 +62,8 @@ func (s *Server) answer(c *net.TCPConn) {
 	fmt.Fprintf(c, "%s %s\n", s.Name, netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port()))
 }
 
-// Identity is who a test client runs as. UID and GID apply to the connecting process; a zero
-// Identity is root.
-type Identity struct {
-	UID, GID uint32
-}
-
-func (id Identity) String() string { return fmt.Sprintf("uid %d gid %d", id.UID, id.GID) }
+// Identity is who a test client runs as (see netlab.Identity); the zero value is root.
+type Identity = netlab.Identity
 
 // Dial connects to addr from inside ns as id — in a child process, since a process's UID and
 // GID are what iptables owner matches see — and returns the answering Server's line, such as
@@ -126,19 +121,7 @@ func runHelper(name string) int {
 }
 
 func becomeIdentity(uid, gid int) error {
-	if os.Geteuid() != 0 || uid == 0 && gid == 0 {
-		return nil
-	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if err := syscall.Setgid(gid); err != nil {
-		return fmt.Errorf("setgid %d: %w", gid, err)
-	}
-	if err := syscall.Setuid(uid); err != nil {
-		return fmt.Errorf("setuid %d: %w", uid, err)
-	}
-	return nil
+	return Identity{UID: uint32(uid), GID: uint32(gid)}.Become()
 }
 
 func dialHelper(addr string) error {

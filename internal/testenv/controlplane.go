@@ -1,7 +1,6 @@
 package testenv
 
 import (
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -10,6 +9,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/detourmesh/detour/internal/controlplane"
 )
 
 var shared struct {
@@ -40,25 +41,7 @@ func ControlPlane(t testing.TB) *rest.Config {
 
 // NewEnvironment returns an envtest environment over the cached binaries, for tests that need
 // a control plane of their own (to stop it, or to register webhooks before it starts).
-func NewEnvironment() *envtest.Environment {
-	env := &envtest.Environment{
-		BinaryAssetsDirectory: BinDir(),
-		ControlPlane: envtest.ControlPlane{
-			APIServer: &envtest.APIServer{},
-			Etcd:      &envtest.Etcd{},
-		},
-	}
-	env.ControlPlane.APIServer.Path = filepath.Join(BinDir(), "kube-apiserver")
-	env.ControlPlane.Etcd.Path = filepath.Join(BinDir(), "etcd")
-	args := env.ControlPlane.APIServer.Configure()
-	// Works in a namespace that has only loopback, too; there is no Service endpoint to keep.
-	args.Set("advertise-address", "127.0.0.1")
-	args.Set("endpoint-reconciler-type", "none")
-	if os.Getenv("DETOUR_TEST_CONTROL_PLANE_OUTPUT") == "1" {
-		env.AttachControlPlaneOutput = true
-	}
-	return env
-}
+func NewEnvironment() *envtest.Environment { return controlplane.New(BinDir()) }
 
 func stopControlPlane() {
 	shared.Lock()

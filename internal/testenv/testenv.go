@@ -15,6 +15,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/detourmesh/detour/internal/controlplane"
 )
 
 // RequireEnv is the environment variable that turns a would-be skip into a failure.
@@ -60,19 +62,8 @@ func Privileged(t testing.TB) {
 	}
 }
 
-// BinDir is the directory of the binaries hack/test-binaries.sh built: $DETOUR_TEST_BIN, or
-// the script's default cache.
-func BinDir() string {
-	if d := os.Getenv("DETOUR_TEST_BIN"); d != "" {
-		return d
-	}
-	home, _ := os.UserHomeDir()
-	cache := os.Getenv("DETOUR_CACHE")
-	if cache == "" {
-		cache = filepath.Join(home, ".cache", "detour")
-	}
-	return filepath.Join(cache, "bin")
-}
+// BinDir is the directory of the binaries hack/test-binaries.sh built (see controlplane.BinDir).
+func BinDir() string { return controlplane.BinDir() }
 
 // Binary returns the path of a binary from [BinDir], skipping (or failing) the test when it
 // has not been built.

@@ -161,6 +161,10 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	elapsed := time.Since(start)
 	h.metrics.observe(outcome, elapsed, res)
 
+	refused := outcome == outcomeDenied || outcome == outcomeError
+	if !refused && !h.log.Enabled(ctx, slog.LevelDebug) {
+		return resp
+	}
 	attrs := []any{
 		"namespace", req.Namespace, "name", podName(req), "uid", string(req.UID),
 		"outcome", outcome, "dryRun", req.DryRun != nil && *req.DryRun, "duration", elapsed,
@@ -168,14 +172,13 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if res != nil {
 		attrs = append(attrs, "mode", res.Mode, "reason", res.Reason, "warnings", len(res.Warnings))
 	}
-	switch outcome {
-	case outcomeDenied, outcomeError:
+	if refused {
 		msg := ""
 		if resp.Result != nil {
 			msg = resp.Result.Message
 		}
 		h.log.Info("admission refused", append(attrs, "message", msg)...)
-	default:
+	} else {
 		h.log.Debug("admission", attrs...)
 	}
 	return resp

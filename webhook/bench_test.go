@@ -1,0 +1,61 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/detourmesh/detour/webhook/load"
+)
+
+func BenchmarkMutate(b *testing.B) {
+	cfg := testConfig(b, "")
+	pod := load.Pod()
+	in := Input{NamespaceAnnotations: optedIn}
+	b.ReportAllocs()
+	for b.Loop() {
+		p := pod.DeepCopy()
+		if _, err := Mutate(p, in, cfg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkHandle is one whole admission as the server handles it: decode the request's pod,
+// mutate it, and compute the JSON patch (no TLS, no HTTP).
+func BenchmarkHandle(b *testing.B) {
+	h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)
+	req := request(b, admissionv1.Create, podJSON(b, load.Pod()))
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+			b.Fatalf("response %+v", resp.Result)
+		}
+	}
+}
+
+// BenchmarkServeHTTP adds what the webhook server does around Handle: decode the
+// AdmissionReview, encode the response (no TLS, no network).
+func BenchmarkServeHTTP(b *testing.B) {
+	wh := &admission.Webhook{Handler: NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)}
+	body, err := load.Review(load.Pod(), "shop")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodPost, MutatePath, bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		wh.ServeHTTP(rec, req)
+		if rec.Code != http.StatusOK {
+			b.Fatalf("HTTP %d: %s", rec.Code, rec.Body)
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package webhook
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/detourmesh/detour/internal/version"
+)
+
+func TestParseConfigDefaults(t *testing.T) {
+	cfg, err := ParseConfig([]byte("proxy:\n  image: proxy:1\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, v := cfg.Proxy, cfg.Validator
+	if p.UID != 2102 || p.GID != 2102 || p.InboundPort != 4143 || p.OutboundPort != 4140 || len(p.AdminPorts) != 1 || p.AdminPorts[0] != 4191 ||
+		p.ImagePullPolicy != corev1.PullIfNotPresent || p.Resources.Requests.Cpu().String() != "100m" {
+		t.Errorf("proxy defaults = %+v", p)
+	}
+	if v.UID != 2103 || v.GID != 2103 || v.Timeout != 5*time.Second || v.Image != "ghcr.io/detourmesh/detour:"+version.Version || v.Sentinel != "" {
+		t.Errorf("validator defaults = %+v", v)
+	}
+	if !cfg.InitEgress.All || cfg.GIDRange != (GIDRange{2600, 2699}) || cfg.ConflictPolicy != ConflictWarn || cfg.SidecarMode != SidecarAuto ||
+		strings.Join(cfg.ExcludeNamespaces, ",") != "kube-system,kube-public,kube-node-lease" {
+		t.Errorf("defaults = %+v", cfg)
+	}
+	none, err := ParseConfig([]byte("proxy: {image: p, resources: {}}\nexcludeNamespaces: []\n"))
+	if err != nil || len(none.ExcludeNamespaces) != 0 || len(none.Proxy.Resources.Requests) != 0 {
+		t.Errorf("explicit empty values were defaulted: %+v, %v", none, err)
+	}
+}
+
+func TestParseConfigErrors(t *testing.T) {
+	for _, tc := range []struct{ yaml, want string }{
+		{"", "proxy.image: is required"},
+		{"proxy: {image: p, uid: 0}", "proxy.uid: 0 is not valid: use a non-root ID"},
+		{"proxy: {image: p, gid: -1}", "proxy.gid: -1 is not valid"},
+		{"proxy: {image: p, inboundPort: 70000}", "proxy.inboundPort: 70000 is not valid: a port is a whole number from 1 to 65535"},
+		{"proxy: {image: p, inboundPort: 4140}", "proxy.outboundPort: 4140 is not valid: the inbound and outbound ports must differ"},
+		{"proxy: {image: p, adminPorts: [4191, 4191]}", "proxy.adminPorts[1]: 4191 is not valid: the port is listed twice"},
+		{"proxy: {image: p, adminPorts: [4143]}", "proxy.adminPorts[0]: 4143 is not valid: an admin port must differ"},
+		{"proxy: {image: p, imagePullPolicy: Sometimes}", "proxy.imagePullPolicy: Sometimes is not valid"},
+		{"proxy: {image: p, env: [{value: x}]}", "proxy.env[0].name: is required"},
+		{"proxy: {image: p, resources: {requests: {cpu: 2}, limits: {cpu: 1}}}", "proxy.resources.requests.cpu: 2 is not valid: the request is above the limit 1"},
+		{"proxy: {image: p, uid: 2103}", "validator.uid: 2103 is not valid: the validator must not run as the proxy's UID"},
+		{"proxy: {image: p}\nvalidator: {timeout: -1s}", "validator.timeout: -1s is not valid"},
+		{"proxy: {image: p}\nvalidator: {sentinel: 10.0.0.1}", "validator.sentinel: 10.0.0.1 is not valid: write it as host:port"},
+		{"proxy: {image: p}\ninitEgress: Migrate", `initEgress: "Migrate" is not valid`},
+		{"proxy: {image: p}\ngidRange: {first: 2700, last: 2600}", "gidRange: 2700-2600 is not valid: first must not be above last"},
+		{"proxy: {image: p}\ngidRange: {first: 0}", "gidRange.first: 0 is not valid"},
+		{"proxy: {image: p}\ngidRange: {first: 1, last: 100000}", "reserve at most 65536 GIDs"},
+		{"proxy: {image: p}\ngidRange: {first: 2100, last: 2199}", "the range holds the proxy's GID 2102"},
+		{"proxy: {image: p, gid: 1}\ngidRange: {first: 2100, last: 2199}", "the range holds the validator's GID 2103, which must never be exempt"},
+		{"proxy: {image: p}\nconflictPolicy: block", `conflictPolicy: "block" is not valid: use "warn" or "deny"`},
+		{"proxy: {image: p}\nsidecarMode: sidecar", `sidecarMode: "sidecar" is not valid`},
+		{"proxy: {image: p}\nexcludeNamespaces: [Kube_System]", `excludeNamespaces[0]: "Kube_System" is not valid`},
+		{"proxy: {image: p}\nproxyy: {}", `unknown field "proxyy"`},
+		{"proxy: [1]", "decode"},
+	} {
+		_, err := ParseConfig([]byte(tc.yaml))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("ParseConfig(%q) error = %v, want one containing %q", tc.yaml, err, tc.want)
+		}
+	}
+	// Every bad field is reported, not just the first.
+	_, err := ParseConfig([]byte("proxy: {uid: 0}\nsidecarMode: x"))
+	if err == nil || !strings.Contains(err.Error(), "proxy.image") || !strings.Contains(err.Error(), "proxy.uid") || !strings.Contains(err.Error(), "sidecarMode") {
+		t.Errorf("error = %v, want all three fields", err)
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(path, []byte("proxy: {image: p}\nsidecarMode: native\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := LoadConfig(path, func(f *File) { f.SidecarMode = "container" })
+	if err != nil || cfg.SidecarMode != SidecarContainer {
+		t.Errorf("LoadConfig with an override = %+v, %v", cfg, err)
+	}
+	if _, err := LoadConfig(filepath.Join(t.TempDir(), "missing.yaml")); err == nil || !strings.Contains(err.Error(), "read webhook config") {
+		t.Errorf("missing file error = %v", err)
+	}
+	if err := os.WriteFile(path, []byte("proxy: {image: p, uid: 0}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadConfig(path); err == nil || !strings.Contains(err.Error(), path+": proxy.uid") {
+		t.Errorf("error = %v, want the file and the field", err)
+	}
+}

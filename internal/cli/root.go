@@ -22,7 +22,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.AddCommand(
 		// Each component adds its command here.
-		newValidateCommand(), newInstallCNICommand(),
+		newValidateCommand(), newInstallCNICommand(), newRepairCommand(),
 		newWebhookCommand(), newInjectCommand(), newRulesCommand(),
 	)
 	return root

@@ -1,0 +1,63 @@
+package cli
+
+import (
+	"log/slog"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/repair"
+)
+
+// newRepairCommand returns `detour repair`, the node's repair controller.
+func newRepairCommand() *cobra.Command {
+	f := repair.DefaultFlags()
+	f.NodeName = os.Getenv("NODE_NAME")
+	var httpAddr, kubeconfig string
+	cmd := &cobra.Command{
+		Use:   "repair",
+		Short: "Recreate this node's injected pods whose validator found no redirect (DaemonSet)",
+		Long: `repair watches the pods of its own node. An injected pod whose detour-validator init container exited
+with code 42 (no redirect: the pod started before detour's CNI config was in place) is deleted when a
+controller owns it, so the controller recreates it with the redirect; a bare pod is never deleted, it
+gets an Event and the annotation detour.dev/recreate-required. Repairs wait until the node carries
+detour.dev/cni-ready=true, are rate-limited, and each is recorded as an Event (reason DetourCNIRepair)
+and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
+		Example: `  # In the DaemonSet, next to install-cni:
+  detour repair --node-name=$(NODE_NAME)
+
+  # At most one repair every 5 seconds, 2 at once:
+  detour repair --node-name=$(NODE_NAME) --rate=0.2 --burst=2`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg, err := f.Parse()
+			if err != nil {
+				return err
+			}
+			client, err := agentKubeClient(kubeconfig)
+			if err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", repair.Component, "node", cfg.NodeName)
+			reg := prometheus.NewRegistry()
+			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+			ctrl := repair.New(client, cfg, repair.WithLogger(log), repair.WithMetrics(repair.NewMetrics(reg)))
+			stop, err := serveAgentHTTP(httpAddr, ctrl.Handler(reg), log)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			return ctrl.Run(cmd.Context())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name; only its pods are watched (default $NODE_NAME)")
+	fl.Float64Var(&f.Rate, "rate", f.Rate, "sustained repairs (deletions and annotations) per second")
+	fl.IntVar(&f.Burst, "burst", f.Burst, "repairs allowed at once")
+	fl.BoolVar(&f.RequireCNIReady, "require-cni-ready", f.RequireCNIReady, "repair only while the node carries detour.dev/cni-ready=true (a pod recreated earlier could fail again)")
+	fl.StringVar(&httpAddr, "http-addr", ":9642", `address of /metrics, /healthz and /readyz; "" disables them`)
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's API client (default: in-cluster service account)")
+	return cmd
+}

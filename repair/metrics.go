@@ -1,0 +1,96 @@
+package repair
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Label values of the metrics.
+const (
+	// SkipNoController: a bare pod, annotated instead of deleted.
+	SkipNoController = "no-controller"
+	// SkipAlreadyAnnotated: a bare pod annotated earlier (before a restart of the controller).
+	SkipAlreadyAnnotated = "already-annotated"
+	// SkipGone: the pod was deleted or replaced before the controller acted.
+	SkipGone = "gone"
+
+	DeferRateLimited  = "rate-limited"
+	DeferNodeNotReady = "node-not-ready"
+
+	ActionDelete   = "delete"
+	ActionAnnotate = "annotate"
+	ActionEvent    = "event"
+	ActionReadNode = "read-node"
+)
+
+// Metrics are the controller's Prometheus metrics.
+type Metrics struct {
+	// PodsSeen counts injected pods on the node whose validator found no redirect (each once).
+	PodsSeen prometheus.Counter
+	// PodsDeleted counts controller-owned pods deleted so their controller recreates them.
+	PodsDeleted prometheus.Counter
+	// PodsSkipped counts failed pods not deleted, by reason.
+	PodsSkipped *prometheus.CounterVec
+	// PodsDeferred counts repairs put off, by reason (rate limit, node not ready yet).
+	PodsDeferred *prometheus.CounterVec
+	// Errors counts failed API calls, by action.
+	Errors *prometheus.CounterVec
+}
+
+// NewMetrics returns the metrics, registered with reg unless it is nil.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		PodsSeen: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "detour_repair_pods_seen_total",
+			Help: "Injected pods on this node whose detour-validator exited with code 42 (no redirect), each counted once.",
+		}),
+		PodsDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "detour_repair_pods_deleted_total",
+			Help: "Controller-owned pods deleted so that their controller recreates them with the redirect.",
+		}),
+		PodsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "detour_repair_pods_skipped_total",
+			Help: "Failed pods not deleted, by reason: no-controller (annotated instead), already-annotated, gone.",
+		}, []string{"reason"}),
+		PodsDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "detour_repair_pods_deferred_total",
+			Help: "Repairs put off for a while, by reason: rate-limited, node-not-ready.",
+		}, []string{"reason"}),
+		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "detour_repair_errors_total",
+			Help: "Failed API calls, by action: delete, annotate, event, read-node.",
+		}, []string{"action"}),
+	}
+	for _, r := range []string{SkipNoController, SkipAlreadyAnnotated, SkipGone} {
+		m.PodsSkipped.WithLabelValues(r)
+	}
+	for _, r := range []string{DeferRateLimited, DeferNodeNotReady} {
+		m.PodsDeferred.WithLabelValues(r)
+	}
+	for _, a := range []string{ActionDelete, ActionAnnotate, ActionEvent, ActionReadNode} {
+		m.Errors.WithLabelValues(a)
+	}
+	if reg != nil {
+		reg.MustRegister(m.PodsSeen, m.PodsDeleted, m.PodsSkipped, m.PodsDeferred, m.Errors)
+	}
+	return m
+}
+
+// Handler serves /metrics from gatherer, /healthz, and /readyz (200 once the pod cache synced).
+func (c *Controller) Handler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !c.HasSynced() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			fmt.Fprintln(w, "the pod cache has not synced yet")
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}

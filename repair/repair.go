@@ -1,0 +1,398 @@
+package repair
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/validator"
+)
+
+// RecreateAnnotation is set on a bare pod (no controller) whose validator found no redirect;
+// its value tells people to recreate the pod. The controller never deletes such a pod, and
+// acts on it only once: the annotation marks it done.
+const RecreateAnnotation = annotations.Prefix + "recreate-required"
+
+// EventReason is the reason of every Event the controller records, one per action.
+const EventReason = "DetourCNIRepair"
+
+// Component is the controller's name in Events and logs.
+const Component = "detour-repair"
+
+// Flags are the raw settings of `detour repair`; [Flags.Parse] validates them.
+type Flags struct {
+	NodeName string
+	// Rate is the sustained number of actions (deletions and annotations) per second; Burst
+	// how many may happen at once.
+	Rate  float64
+	Burst int
+	// RequireCNIReady makes the controller act only while its node carries the ready label
+	// (detour.dev/cni-ready=true): a pod recreated earlier could fail again on this node.
+	RequireCNIReady bool
+}
+
+// DefaultFlags returns the defaults.
+func DefaultFlags() Flags {
+	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true}
+}
+
+// Config is a validated controller configuration; only [Flags.Parse] makes one.
+type Config struct {
+	NodeName        string
+	Rate            rate.Limit
+	Burst           int
+	RequireCNIReady bool
+}
+
+// Parse validates the flags. Errors name the flag, the value and what a valid one looks like.
+func (f Flags) Parse() (Config, error) {
+	if errs := validation.IsDNS1123Subdomain(f.NodeName); len(errs) > 0 {
+		return Config{}, fmt.Errorf("invalid --node-name %q: it must be this node's name (set --node-name or NODE_NAME from the downward API, fieldRef spec.nodeName): %s", f.NodeName, strings.Join(errs, "; "))
+	}
+	if !(f.Rate > 0 && f.Rate <= 1000) {
+		return Config{}, fmt.Errorf("invalid --rate %v: it must be the number of repairs per second, above 0 and at most 1000, such as 1 or 0.2", f.Rate)
+	}
+	if f.Burst < 1 || f.Burst > 1000 {
+		return Config{}, fmt.Errorf("invalid --burst %d: it must be from 1 to 1000", f.Burst)
+	}
+	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady}, nil
+}
+
+// NeedsRepair reports whether pod is an injected pod, not being deleted, whose validator
+// terminated with [validator.ExitNoRedirect] — in its current state, or in its last one while
+// it waits to restart (Init:CrashLoopBackOff). A validator that since exited otherwise (it
+// passed after a new sandbox) is not a failure.
+func NeedsRepair(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) {
+		return false
+	}
+	for _, s := range pod.Status.InitContainerStatuses {
+		if s.Name != annotations.ValidatorContainer {
+			continue
+		}
+		if t := s.State.Terminated; t != nil {
+			return t.ExitCode == validator.ExitNoRedirect
+		}
+		t := s.LastTerminationState.Terminated
+		return t != nil && t.ExitCode == validator.ExitNoRedirect
+	}
+	return false
+}
+
+// Controller repairs the pods of one node.
+type Controller struct {
+	client  kubernetes.Interface
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	limiter *rate.Limiter
+	queue   workqueue.TypedRateLimitingInterface[string]
+	factory informers.SharedInformerFactory
+	pods    corelisters.PodLister
+	synced  cache.InformerSynced
+	now     func() time.Time
+
+	mu        sync.Mutex
+	seen      map[types.UID]bool // pods counted in pods_seen
+	done      map[types.UID]bool // pods acted on (one action, one Event each)
+	readyAt   time.Time          // when the node was last found ready
+	checkedAt time.Time          // when the node was last read
+}
+
+// Option configures a Controller.
+type Option func(*Controller)
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *Controller) { c.log = l } }
+
+// WithMetrics sets the metrics (default: new ones, registered nowhere).
+func WithMetrics(m *Metrics) Option { return func(c *Controller) { c.metrics = m } }
+
+// nodeCheckInterval is how long a read of the node's ready label is trusted.
+const nodeCheckInterval = 5 * time.Second
+
+// New returns a Controller for cfg's node. Its cache holds only that node's pods: the list and
+// watch carry the field selector spec.nodeName=<node>.
+func New(client kubernetes.Interface, cfg Config, opts ...Option) *Controller {
+	c := &Controller{
+		client:  client,
+		cfg:     cfg,
+		log:     slog.Default(),
+		limiter: rate.NewLimiter(cfg.Rate, cfg.Burst),
+		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
+			workqueue.TypedRateLimitingQueueConfig[string]{Name: "detour-repair"}),
+		now:  time.Now,
+		seen: map[types.UID]bool{},
+		done: map[types.UID]bool{},
+	}
+	for _, o := range opts {
+		o(c)
+	}
+	if c.metrics == nil {
+		c.metrics = NewMetrics(nil)
+	}
+	c.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + cfg.NodeName }))
+	podInformer := c.factory.Core().V1().Pods()
+	inf := podInformer.Informer()
+	_ = inf.SetTransform(func(obj any) (any, error) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			pod.ManagedFields = nil
+		}
+		return obj, nil
+	})
+	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    c.enqueue,
+		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
+		DeleteFunc: c.forget,
+	})
+	c.pods, c.synced = podInformer.Lister(), inf.HasSynced
+	return c
+}
+
+func (c *Controller) enqueue(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok || !NeedsRepair(pod) {
+		return
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {
+		c.queue.Add(key)
+	}
+}
+
+func (c *Controller) forget(obj any) {
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	if pod, ok := obj.(*corev1.Pod); ok {
+		c.mu.Lock()
+		delete(c.seen, pod.UID)
+		delete(c.done, pod.UID)
+		c.mu.Unlock()
+	}
+}
+
+// HasSynced reports whether the controller's cache has the node's pods.
+func (c *Controller) HasSynced() bool { return c.synced() }
+
+// Run watches the node's pods and repairs them until ctx ends.
+func (c *Controller) Run(ctx context.Context) error {
+	defer c.queue.ShutDown()
+	c.factory.Start(ctx.Done())
+	defer c.factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return errors.New("the pod cache did not sync")
+	}
+	c.log.Info("watching the node's pods", "node", c.cfg.NodeName)
+	go func() {
+		<-ctx.Done()
+		c.queue.ShutDown()
+	}()
+	for c.processNext(ctx) {
+	}
+	return nil
+}
+
+func (c *Controller) processNext(ctx context.Context) bool {
+	key, quit := c.queue.Get()
+	if quit {
+		return false
+	}
+	defer c.queue.Done(key)
+	retry, err := c.sync(ctx, key)
+	switch {
+	case err != nil:
+		c.log.Error("repair failed; retrying", "pod", key, "err", err)
+		c.queue.AddRateLimited(key)
+	case retry > 0:
+		c.queue.Forget(key)
+		c.queue.AddAfter(key, retry)
+	default:
+		c.queue.Forget(key)
+	}
+	return true
+}
+
+// sync handles one pod; it returns a delay after which to look again, or an error to retry.
+func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error) {
+	ns, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil
+	}
+	pod, err := c.pods.Pods(ns).Get(name)
+	if apierrors.IsNotFound(err) || (err == nil && !NeedsRepair(pod)) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	c.mu.Lock()
+	if c.done[pod.UID] {
+		c.mu.Unlock()
+		return 0, nil
+	}
+	if !c.seen[pod.UID] {
+		c.seen[pod.UID] = true
+		c.metrics.PodsSeen.Inc()
+		c.log.Info("pod's validator found no redirect", "pod", key, "uid", pod.UID)
+	}
+	c.mu.Unlock()
+
+	owner := metav1.GetControllerOf(pod)
+	if owner == nil {
+		if _, ok := pod.Annotations[RecreateAnnotation]; ok {
+			c.markDone(pod)
+			c.metrics.PodsSkipped.WithLabelValues(SkipAlreadyAnnotated).Inc()
+			return 0, nil
+		}
+	}
+	if c.cfg.RequireCNIReady {
+		ready, err := c.nodeReady(ctx)
+		if err != nil {
+			c.metrics.Errors.WithLabelValues(ActionReadNode).Inc()
+			return 0, err
+		}
+		if !ready {
+			c.metrics.PodsDeferred.WithLabelValues(DeferNodeNotReady).Inc()
+			return nodeCheckInterval, nil
+		}
+	}
+	if !c.limiter.Allow() {
+		c.metrics.PodsDeferred.WithLabelValues(DeferRateLimited).Inc()
+		return time.Duration(float64(time.Second) / float64(c.cfg.Rate)), nil
+	}
+	if owner == nil {
+		return 0, c.annotate(ctx, pod)
+	}
+	return 0, c.delete(ctx, pod, owner)
+}
+
+func (c *Controller) markDone(pod *corev1.Pod) {
+	c.mu.Lock()
+	c.done[pod.UID] = true
+	c.mu.Unlock()
+}
+
+// delete deletes a controller-owned pod, only if it is still the pod that failed (UID
+// precondition): a StatefulSet may already have replaced it under the same name.
+func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.OwnerReference) error {
+	uid := pod.UID
+	err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		c.markDone(pod)
+		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
+		return nil
+	case err != nil:
+		c.metrics.Errors.WithLabelValues(ActionDelete).Inc()
+		return fmt.Errorf("delete pod %s/%s: %w (the service account needs delete on pods)", pod.Namespace, pod.Name, err)
+	}
+	c.markDone(pod)
+	c.metrics.PodsDeleted.Inc()
+	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
+		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)
+	c.log.Info("deleted pod so its controller recreates it", "pod", pod.Namespace+"/"+pod.Name, "uid", uid, "owner", owner.Kind+"/"+owner.Name)
+	c.event(ctx, pod, "Delete", msg)
+	return nil
+}
+
+// annotate marks a bare pod, which detour never deletes: nothing would recreate it.
+func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
+	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. It has no controller, so detour does not delete it: delete it and create it again from its manifest.",
+		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName)
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         pod.UID, // precondition: the pod that failed, not a namesake
+		"annotations": map[string]string{RecreateAnnotation: value},
+	}})
+	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component})
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		c.markDone(pod)
+		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
+		return nil
+	case err != nil:
+		c.metrics.Errors.WithLabelValues(ActionAnnotate).Inc()
+		return fmt.Errorf("annotate pod %s/%s: %w (the service account needs patch on pods)", pod.Namespace, pod.Name, err)
+	}
+	c.markDone(pod)
+	c.metrics.PodsSkipped.WithLabelValues(SkipNoController).Inc()
+	c.log.Info("annotated bare pod; it must be recreated by hand", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
+	c.event(ctx, pod, "Annotate", value+" (annotation "+RecreateAnnotation+")")
+	return nil
+}
+
+// event records one Event for an action on pod. A failure is logged and counted, not retried:
+// the action itself happened.
+func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg string) {
+	now := metav1.NewTime(c.now())
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", pod.Name, now.UnixNano()), Namespace: pod.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			FieldPath: "spec.initContainers{" + annotations.ValidatorContainer + "}",
+		},
+		Reason:              EventReason,
+		Message:             msg,
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: Component, Host: c.cfg.NodeName},
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+		Action:              action,
+		ReportingController: "detour.dev/repair",
+		ReportingInstance:   Component + "-" + c.cfg.NodeName,
+	}
+	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		c.metrics.Errors.WithLabelValues(ActionEvent).Inc()
+		c.log.Error("record event (the service account needs create on events)", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+}
+
+// nodeReady reports whether the node carries the ready label, reading it at most every
+// nodeCheckInterval.
+func (c *Controller) nodeReady(ctx context.Context) (bool, error) {
+	c.mu.Lock()
+	now := c.now()
+	if now.Sub(c.checkedAt) < nodeCheckInterval {
+		ready := c.readyAt.Equal(c.checkedAt)
+		c.mu.Unlock()
+		return ready, nil
+	}
+	c.mu.Unlock()
+	node, err := c.client.CoreV1().Nodes().Get(ctx, c.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("read node %s: %w (the service account needs get on nodes)", c.cfg.NodeName, err)
+	}
+	ready := node.Labels[annotations.CNIReadyLabel] == "true"
+	c.mu.Lock()
+	c.checkedAt = now
+	if ready {
+		c.readyAt = now
+	}
+	c.mu.Unlock()
+	if !ready {
+		c.log.Info("waiting for the node's CNI config before repairing pods", "node", c.cfg.NodeName, "label", annotations.CNIReadyLabel+"=true")
+	}
+	return ready, nil
+}

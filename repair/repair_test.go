@@ -1,0 +1,381 @@
+package repair
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+var injected = annotations.Redirect{Version: "v0.1.0", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}.Annotations()
+
+func terminated(code int32) corev1.ContainerState {
+	return corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: code, Reason: "Error"}}
+}
+
+func waiting() corev1.ContainerState {
+	return corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}
+}
+
+// failedPod is an injected pod on node-1 whose validator exited with 42, owned by owner (nil: bare).
+func failedPod(name string, owner *metav1.OwnerReference) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "shop", UID: types.UID("uid-" + name), Annotations: map[string]string{}},
+		Spec:       corev1.PodSpec{NodeName: "node-1"},
+		Status: corev1.PodStatus{InitContainerStatuses: []corev1.ContainerStatus{
+			{Name: annotations.ValidatorContainer, State: waiting(), LastTerminationState: terminated(42), RestartCount: 3},
+		}},
+	}
+	for k, v := range injected {
+		p.Annotations[k] = v
+	}
+	if owner != nil {
+		p.OwnerReferences = []metav1.OwnerReference{*owner}
+	}
+	return p
+}
+
+func rsOwner(name string) *metav1.OwnerReference {
+	yes := true
+	return &metav1.OwnerReference{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: name, UID: "rs-uid", Controller: &yes}
+}
+
+// value reads a counter.
+func value(c prometheus.Counter) float64 {
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		panic(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestNeedsRepair(t *testing.T) {
+	now := metav1.Now()
+	for _, tc := range []struct {
+		name   string
+		modify func(*corev1.Pod)
+		want   bool
+	}{
+		{"crash loop after 42", func(*corev1.Pod) {}, true},
+		{"terminated 42 now", func(p *corev1.Pod) {
+			p.Status.InitContainerStatuses[0].State, p.Status.InitContainerStatuses[0].LastTerminationState = terminated(42), corev1.ContainerState{}
+		}, true},
+		{"running again after 42", func(p *corev1.Pod) {
+			p.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+		}, true},
+		{"passed since", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].State = terminated(0) }, false},
+		{"other failure", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].LastTerminationState = terminated(43) }, false},
+		{"not injected", func(p *corev1.Pod) { delete(p.Annotations, annotations.Injected) }, false},
+		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, false},
+		{"another init container", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].Name = "migrate" }, false},
+		{"no status yet", func(p *corev1.Pod) { p.Status.InitContainerStatuses = nil }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := failedPod("p", nil)
+			tc.modify(p)
+			if got := NeedsRepair(p); got != tc.want {
+				t.Errorf("NeedsRepair = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestFlagsParse(t *testing.T) {
+	f := DefaultFlags()
+	f.NodeName = "node-1"
+	if cfg, err := f.Parse(); err != nil || cfg.Rate != 1 || cfg.Burst != 5 || !cfg.RequireCNIReady {
+		t.Errorf("defaults = %+v, %v", cfg, err)
+	}
+	for _, tc := range []struct {
+		modify func(*Flags)
+		want   string
+	}{
+		{func(f *Flags) { f.NodeName = "" }, `--node-name ""`},
+		{func(f *Flags) { f.Rate = 0 }, "--rate 0"},
+		{func(f *Flags) { f.Rate = -1 }, "--rate -1"},
+		{func(f *Flags) { f.Burst = 0 }, "--burst 0"},
+	} {
+		f := DefaultFlags()
+		f.NodeName = "node-1"
+		tc.modify(&f)
+		if _, err := f.Parse(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse error %v, want %q", err, tc.want)
+		}
+	}
+}
+
+// fixture is a controller over a fake API with its cache synced; tests call sync directly.
+type fixture struct {
+	client *fake.Clientset
+	c      *Controller
+	reg    *prometheus.Registry
+}
+
+func newFixture(t *testing.T, flags Flags, nodeReady bool, pods ...*corev1.Pod) *fixture {
+	t.Helper()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{}}}
+	if nodeReady {
+		node.Labels[annotations.CNIReadyLabel] = "true"
+	}
+	objs := []runtime.Object{node}
+	for _, p := range pods {
+		objs = append(objs, p)
+	}
+	client := fake.NewClientset(objs...)
+	flags.NodeName = "node-1"
+	cfg, err := flags.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	c := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(reg)))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.factory.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
+		t.Fatal("cache did not sync")
+	}
+	return &fixture{client: client, c: c, reg: reg}
+}
+
+func (f *fixture) sync(t *testing.T, name string) (time.Duration, error) {
+	t.Helper()
+	return f.c.sync(context.Background(), "shop/"+name)
+}
+
+func (f *fixture) events(t *testing.T) []corev1.Event {
+	t.Helper()
+	list, err := f.client.CoreV1().Events("shop").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+func (f *fixture) actions(verb string) []k8stesting.Action {
+	var out []k8stesting.Action
+	for _, a := range f.client.Actions() {
+		if a.GetVerb() == verb && a.GetResource().Resource == "pods" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func TestSyncDeletesControllerOwnedPod(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("web-1", rsOwner("web-7d9f")))
+	if _, err := f.sync(t, "web-1"); err != nil {
+		t.Fatal(err)
+	}
+	deletes := f.actions("delete")
+	if len(deletes) != 1 {
+		t.Fatalf("%d deletes, want 1", len(deletes))
+	}
+	pre := deletes[0].(k8stesting.DeleteActionImpl).DeleteOptions.Preconditions
+	if pre == nil || pre.UID == nil || *pre.UID != "uid-web-1" {
+		t.Errorf("delete preconditions %+v, want the pod's UID", pre)
+	}
+	evs := f.events(t)
+	if len(evs) != 1 || evs[0].Reason != EventReason || evs[0].InvolvedObject.UID != "uid-web-1" || evs[0].Action != "Delete" ||
+		!strings.Contains(evs[0].Message, "its ReplicaSet web-7d9f recreates it") {
+		t.Errorf("events %+v", evs)
+	}
+	if value(f.c.metrics.PodsSeen) != 1 || value(f.c.metrics.PodsDeleted) != 1 {
+		t.Errorf("seen %v deleted %v", value(f.c.metrics.PodsSeen), value(f.c.metrics.PodsDeleted))
+	}
+	// Seen again (the informer still shows it, or an update arrives): no second action or Event.
+	if _, err := f.sync(t, "web-1"); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.actions("delete")) != 1 || len(f.events(t)) != 1 || value(f.c.metrics.PodsSeen) != 1 {
+		t.Errorf("acted twice on one pod")
+	}
+}
+
+func TestSyncAnnotatesBarePod(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("debug", nil))
+	if _, err := f.sync(t, "debug"); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(f.actions("delete")); n != 0 {
+		t.Fatalf("deleted a bare pod (%d deletes)", n)
+	}
+	pod, _ := f.client.CoreV1().Pods("shop").Get(context.Background(), "debug", metav1.GetOptions{})
+	if v := pod.Annotations[RecreateAnnotation]; !strings.Contains(v, "delete it and create it again") {
+		t.Errorf("annotation %q", v)
+	}
+	evs := f.events(t)
+	if len(evs) != 1 || evs[0].Action != "Annotate" || evs[0].Type != corev1.EventTypeWarning {
+		t.Errorf("events %+v", evs)
+	}
+	if got := value(f.c.metrics.PodsSkipped.WithLabelValues(SkipNoController)); got != 1 {
+		t.Errorf("skipped{no-controller} = %v", got)
+	}
+}
+
+// A controller restarted after annotating a pod does not act or record an Event again.
+func TestSyncAlreadyAnnotated(t *testing.T) {
+	p := failedPod("debug", nil)
+	p.Annotations[RecreateAnnotation] = "earlier"
+	f := newFixture(t, DefaultFlags(), true, p)
+	if _, err := f.sync(t, "debug"); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.actions("patch")) != 0 || len(f.events(t)) != 0 {
+		t.Errorf("acted on an annotated pod: %v", f.client.Actions())
+	}
+	if got := value(f.c.metrics.PodsSkipped.WithLabelValues(SkipAlreadyAnnotated)); got != 1 {
+		t.Errorf("skipped{already-annotated} = %v", got)
+	}
+}
+
+func TestSyncWaitsForNodeReady(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), false, failedPod("web-1", rsOwner("web-7d9f")))
+	retry, err := f.sync(t, "web-1")
+	if err != nil || retry <= 0 {
+		t.Fatalf("sync = %v, %v; want a retry later", retry, err)
+	}
+	if len(f.actions("delete")) != 0 || len(f.events(t)) != 0 {
+		t.Error("acted before the node was ready")
+	}
+	if got := value(f.c.metrics.PodsDeferred.WithLabelValues(DeferNodeNotReady)); got != 1 {
+		t.Errorf("deferred{node-not-ready} = %v", got)
+	}
+
+	// Without the requirement it acts at once.
+	flags := DefaultFlags()
+	flags.RequireCNIReady = false
+	f = newFixture(t, flags, false, failedPod("web-1", rsOwner("web-7d9f")))
+	if _, err := f.sync(t, "web-1"); err != nil || len(f.actions("delete")) != 1 {
+		t.Errorf("sync = %v, deletes %d", err, len(f.actions("delete")))
+	}
+}
+
+func TestSyncRateLimited(t *testing.T) {
+	flags := DefaultFlags()
+	flags.Rate, flags.Burst = 0.001, 2 // two now, then one every 1000s
+	f := newFixture(t, flags, true, failedPod("a", rsOwner("rs")), failedPod("b", rsOwner("rs")), failedPod("c", rsOwner("rs")))
+	var delays []time.Duration
+	for _, name := range []string{"a", "b", "c"} {
+		d, err := f.sync(t, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delays = append(delays, d)
+	}
+	if n := len(f.actions("delete")); n != 2 {
+		t.Errorf("%d deletes, want the burst of 2", n)
+	}
+	if delays[0] != 0 || delays[1] != 0 || delays[2] <= 0 {
+		t.Errorf("delays %v, want the third put off", delays)
+	}
+	if got := value(f.c.metrics.PodsDeferred.WithLabelValues(DeferRateLimited)); got != 1 {
+		t.Errorf("deferred{rate-limited} = %v", got)
+	}
+	if got := value(f.c.metrics.PodsSeen); got != 3 {
+		t.Errorf("seen %v, want 3", got)
+	}
+}
+
+func TestSyncErrors(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("web-1", rsOwner("web-7d9f")), failedPod("web-2", rsOwner("web-7d9f")))
+	failures := 1
+	f.client.PrependReactor("delete", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if failures > 0 {
+			failures--
+			return true, nil, apierrors.NewInternalError(errors.New("etcd is sad"))
+		}
+		if a.(k8stesting.DeleteAction).GetName() == "web-2" {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "pods"}, "web-2", errors.New("Precondition failed: UID in precondition"))
+		}
+		return false, nil, nil
+	})
+	if _, err := f.sync(t, "web-1"); err == nil || !strings.Contains(err.Error(), "delete pod shop/web-1") {
+		t.Fatalf("sync = %v, want the delete error", err)
+	}
+	if got := value(f.c.metrics.Errors.WithLabelValues(ActionDelete)); got != 1 {
+		t.Errorf("errors{delete} = %v", got)
+	}
+	// The retry succeeds; the pod is counted seen once.
+	if _, err := f.sync(t, "web-1"); err != nil {
+		t.Fatal(err)
+	}
+	if value(f.c.metrics.PodsDeleted) != 1 || value(f.c.metrics.PodsSeen) != 1 || len(f.events(t)) != 1 {
+		t.Errorf("after retry: deleted %v seen %v events %d", value(f.c.metrics.PodsDeleted), value(f.c.metrics.PodsSeen), len(f.events(t)))
+	}
+	// Replaced under the same name (UID precondition fails): skipped, no Event.
+	if _, err := f.sync(t, "web-2"); err != nil {
+		t.Fatal(err)
+	}
+	if got := value(f.c.metrics.PodsSkipped.WithLabelValues(SkipGone)); got != 1 || len(f.events(t)) != 1 {
+		t.Errorf("skipped{gone} = %v, events %d", got, len(f.events(t)))
+	}
+}
+
+func TestHandler(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("web-1", rsOwner("web-7d9f")))
+	f.sync(t, "web-1")
+	rec := httptest.NewRecorder()
+	f.c.Handler(f.reg).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	for _, want := range []string{"detour_repair_pods_seen_total 1", "detour_repair_pods_deleted_total 1", `detour_repair_pods_skipped_total{reason="no-controller"} 0`, `detour_repair_errors_total{action="delete"} 0`} {
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	rec = httptest.NewRecorder()
+	f.c.Handler(f.reg).ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != 200 {
+		t.Errorf("/readyz = %d", rec.Code)
+	}
+}
+
+// Run feeds the queue from the informer: a pod that fails after the controller started is
+// repaired without a direct call.
+func TestRun(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{annotations.CNIReadyLabel: "true"}}})
+	flags := DefaultFlags()
+	flags.NodeName = "node-1"
+	cfg, _ := flags.Parse()
+	c := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	}()
+	pod := failedPod("web-1", rsOwner("web-7d9f"))
+	if _, err := client.CoreV1().Pods("shop").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := client.CoreV1().Pods("shop").Get(ctx, "web-1", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the failed pod was not deleted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -707,6 +707,11 @@ func TestFlagsParse(t *testing.T) {
 	if err != nil || !strings.Contains(string(cfg.Entry), `"excludeNamespaces":[]`) || !strings.Contains(string(cfg.Entry), `"logFile":"/var/log/detour-cni.log"`) {
 		t.Errorf("entry %s, %v: an empty exclusion list must be written as [] (absent means the plugin's default)", cfg.Entry, err)
 	}
+	f = base()
+	f.IPv6 = "always"
+	if cfg, err := f.Parse(); err != nil || !strings.Contains(string(cfg.Entry), `"ipv6":"always"`) {
+		t.Errorf("ipv6 always: entry %s, %v", cfg.Entry, err)
+	}
 	t.Setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
 	t.Setenv("KUBERNETES_SERVICE_PORT", "443")
 	f = base()
@@ -730,6 +735,7 @@ func TestFlagsParse(t *testing.T) {
 		{func(f *nodeagent.Flags) { f.LogLevel = "trace" }, `--log-level "trace"`},
 		{func(f *nodeagent.Flags) { f.LogFile = "cni.log" }, `--log-file "cni.log"`},
 		{func(f *nodeagent.Flags) { f.ExcludeNamespaces = []string{"Kube_System"} }, `--exclude-namespaces "Kube_System"`},
+		{func(f *nodeagent.Flags) { f.IPv6 = "on" }, `--ipv6 "on"`},
 		{func(f *nodeagent.Flags) { f.NodeName = "Node 1" }, `--node-name "Node 1"`},
 		{func(f *nodeagent.Flags) { f.StartupTaint = "bad key!" }, `--startup-taint "bad key!"`},
 		{func(f *nodeagent.Flags) { f.Resync = 0 }, `--resync-interval "0s"`},

@@ -52,6 +52,9 @@ type Flags struct {
 	LogLevel          string
 	LogFile           string
 	ExcludeNamespaces []string
+	// IPv6 is the plugin's ipv6 setting: "auto" (IPv6 rules when the pod has an IPv6 address)
+	// or "always".
+	IPv6 string
 
 	// NodeName is the node the agent runs on; empty disables node readiness.
 	NodeName     string
@@ -72,6 +75,7 @@ func DefaultFlags() Flags {
 		IPTablesBackend:   "auto",
 		LogLevel:          "info",
 		ExcludeNamespaces: []string{"kube-system"},
+		IPv6:              "auto",
 		NodeName:          os.Getenv("NODE_NAME"),
 		StartupTaint:      annotations.CNINotReadyTaint,
 		Resync:            DefaultResync,
@@ -105,6 +109,7 @@ type entry struct {
 	LogLevel          string          `json:"logLevel"`
 	LogFile           string          `json:"logFile,omitempty"`
 	ExcludeNamespaces []string        `json:"excludeNamespaces"`
+	IPv6              string          `json:"ipv6,omitempty"`
 	Capabilities      map[string]bool `json:"capabilities"`
 }
 
@@ -176,6 +181,14 @@ func (f Flags) Parse() (Config, error) {
 	if f.LogFile != "" && !filepath.IsAbs(f.LogFile) {
 		return c, flagError("--log-file", f.LogFile, "must be an absolute path on the host, or empty to log to the runtime")
 	}
+	ipv6 := ""
+	switch f.IPv6 {
+	case "auto":
+	case "always":
+		ipv6 = f.IPv6
+	default:
+		return c, flagError("--ipv6", f.IPv6, `must be "auto" (IPv6 rules when the pod has an IPv6 address) or "always"`)
+	}
 	exclude := []string{}
 	for _, ns := range f.ExcludeNamespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
@@ -192,6 +205,7 @@ func (f Flags) Parse() (Config, error) {
 		LogLevel:          f.LogLevel,
 		LogFile:           f.LogFile,
 		ExcludeNamespaces: exclude,
+		IPv6:              ipv6,
 		Capabilities:      map[string]bool{PodAnnotationsCapability: true},
 	})
 	if err != nil {

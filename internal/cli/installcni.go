@@ -82,6 +82,7 @@ removes it. See docs/node-agent.md.`,
 	fl.StringVar(&f.LogLevel, "log-level", f.LogLevel, `the plugin's log level: "debug", "info", "warn" or "error" (logLevel)`)
 	fl.StringVar(&f.LogFile, "log-file", f.LogFile, "the plugin's log file on the host; empty logs to the runtime only (logFile)")
 	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "namespaces the plugin leaves alone; empty for none (excludeNamespaces)")
+	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `the plugin's IPv6 rules: "auto" (when the pod has an IPv6 address) or "always" (ipv6, written only for "always")`)
 	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name (default $NODE_NAME)")
 	fl.StringVar(&f.StartupTaint, "startup-taint", f.StartupTaint, "key of the startup taint removed once the config is in place (any effect)")
 	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")

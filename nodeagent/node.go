@@ -31,7 +31,7 @@ func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if err != nil {
-			return fmt.Errorf("get node %s: %w", n.name, err)
+			return fmt.Errorf("get node %s: %w (the agent's service account needs get and patch on nodes)", n.name, err)
 		}
 		taints := make([]corev1.Taint, 0, len(node.Spec.Taints))
 		for _, t := range node.Spec.Taints {

@@ -42,7 +42,7 @@ type env struct {
 	flags                          nodeagent.Flags
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	root := t.TempDir()
 	e := &env{
@@ -69,7 +69,7 @@ func newEnv(t *testing.T) *env {
 
 // rotateToken writes the service account files the way the kubelet does: a new timestamped
 // directory, then the ..data symlink swapped atomically; token and ca.crt link through it.
-func (e *env) rotateToken(t *testing.T, token string, ca []byte) {
+func (e *env) rotateToken(t testing.TB, token string, ca []byte) {
 	t.Helper()
 	stamp := filepath.Join(e.saDir, ".."+strings.ReplaceAll(time.Now().Format("2006_01_02_15_04_05.000000000"), ".", "_"))
 	if err := os.MkdirAll(stamp, 0o755); err != nil {
@@ -93,7 +93,7 @@ func (e *env) rotateToken(t *testing.T, token string, ca []byte) {
 	}
 }
 
-func (e *env) config(t *testing.T) nodeagent.Config {
+func (e *env) config(t testing.TB) nodeagent.Config {
 	t.Helper()
 	cfg, err := e.flags.Parse()
 	if err != nil {
@@ -120,7 +120,7 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-func writeFile(t *testing.T, path, content string) {
+func writeFile(t testing.TB, path, content string) {
 	t.Helper()
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
@@ -751,5 +751,22 @@ func TestFlagsParse(t *testing.T) {
 	f.APIServer = ""
 	if _, err := f.Parse(); err == nil || !strings.Contains(err.Error(), "set --api-server") {
 		t.Errorf("no API server: %v", err)
+	}
+}
+
+// BenchmarkReconcileSteady is the cost of one resync on a node where everything is in place:
+// the agent reads the directory, the primary, the binary's identity and the token, and writes
+// nothing.
+func BenchmarkReconcileSteady(b *testing.B) {
+	e := newEnv(b)
+	writeFile(b, filepath.Join(e.confDir, "10-calico.conflist"), calico)
+	a := nodeagent.New(e.config(b), nodeagent.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+			b.Fatal(s, err)
+		}
 	}
 }

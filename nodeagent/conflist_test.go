@@ -278,3 +278,26 @@ func FuzzConvertConf(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkInsertEntry is the cost of one check of a primary that already holds the entry (what
+// every resync and file event does) and of one insertion.
+func BenchmarkInsertEntry(b *testing.B) {
+	with, _, err := InsertEntry([]byte(calico), []byte(testEntry))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("in-place", func(b *testing.B) {
+		for b.Loop() {
+			if _, changed, err := InsertEntry(with, []byte(testEntry)); err != nil || changed {
+				b.Fatal(changed, err)
+			}
+		}
+	})
+	b.Run("insert", func(b *testing.B) {
+		for b.Loop() {
+			if _, changed, err := InsertEntry([]byte(calico), []byte(testEntry)); err != nil || !changed {
+				b.Fatal(changed, err)
+			}
+		}
+	})
+}

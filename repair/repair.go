@@ -346,8 +346,12 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 // the action itself happened.
 func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg string) {
 	now := metav1.NewTime(c.now())
+	prefix := pod.Name
+	if len(prefix) > 230 { // an Event name is at most 253 characters
+		prefix = prefix[:230]
+	}
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", pod.Name, now.UnixNano()), Namespace: pod.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", prefix, now.UnixNano()), Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
 			FieldPath: "spec.initContainers{" + annotations.ValidatorContainer + "}",

@@ -27,16 +27,26 @@ func BenchmarkMutate(b *testing.B) {
 }
 
 // BenchmarkHandle is one whole admission as the server handles it: decode the request's pod,
-// mutate it, and compute the JSON patch (no TLS, no HTTP).
+// mutate it, and compute the JSON patch (no TLS, no HTTP), with detour's typed-patch handler
+// and with controller-runtime's admission.WithDefaulter for comparison.
 func BenchmarkHandle(b *testing.B) {
-	h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)
-	req := request(b, admissionv1.Create, podJSON(b, load.Pod()))
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
-			b.Fatalf("response %+v", resp.Result)
-		}
+	for _, tc := range []struct {
+		name string
+		cr   bool
+	}{{"typed-patch", false}, {"controller-runtime", true}} {
+		b.Run(tc.name, func(b *testing.B) {
+			useWithDefaulter = tc.cr
+			defer func() { useWithDefaulter = false }()
+			h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)
+			req := request(b, admissionv1.Create, podJSON(b, load.Pod()))
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+					b.Fatalf("response %+v", resp.Result)
+				}
+			}
+		})
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	jsonpatch "github.com/evanphx/json-patch/v5"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -95,6 +96,29 @@ func TestHandler(t *testing.T) {
 		}
 	})
 
+	t.Run("fields a newer API server sends survive the patch", func(t *testing.T) {
+		raw := []byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","futureMeta":1},"spec":{"futureSpec":{"a":1},` +
+			`"initContainers":[{"name":"migrate","image":"m","futureField":"x","securityContext":{"runAsUser":0,"futureSC":true}}],` +
+			`"containers":[{"name":"app","image":"a","securityContext":{"runAsUser":1000},"futureField":[1,2]}]}}`)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
+		if err := resp.Complete(admission.Request{}); err != nil || !resp.Allowed {
+			t.Fatalf("response %+v, %v", resp.Result, err)
+		}
+		p, err := jsonpatch.DecodePatch(resp.Patch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := p.Apply(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{`"futureMeta":1`, `"futureSpec":{"a":1}`, `"futureField":"x"`, `"futureSC":true`, `"futureField":[1,2]`, `"runAsGroup":2600`} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("patched pod lacks %s:\n%s", want, out)
+			}
+		}
+	})
+
 	t.Run("denies with the fix under deny", func(t *testing.T) {
 		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
 		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(inits(container("fetch", unset, unset))))))
@@ -161,6 +185,13 @@ func FuzzHandler(f *testing.F) {
 		pod := applyResponse(t, raw, resp)
 		if _, err := annotations.ParseRedirect(pod.Annotations); err != nil {
 			t.Fatalf("injected pod's annotations do not parse: %v", err)
+		}
+		// detour's typed patch yields the same pod as controller-runtime's whole-document diff.
+		useWithDefaulter = true
+		defer func() { useWithDefaulter = false }()
+		cr := NewHandler(cfg, staticNamespaces(optedIn), native, nil).Handle(context.Background(), request(t, admissionv1.Create, raw))
+		if want := applyResponse(t, raw, cr); !equality.Semantic.DeepEqual(pod, want) {
+			t.Fatalf("the typed patch and the document diff disagree:\n%s", diffPods(want, pod))
 		}
 	})
 }

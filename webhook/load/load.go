@@ -238,11 +238,18 @@ func send(client *http.Client, url string, body []byte) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
 	}
-	var review admissionv1.AdmissionReview
+	// Only what the check needs: decoding the whole review would cost the client more CPU than
+	// some servers spend on it.
+	var review struct {
+		Response *struct {
+			Allowed bool            `json:"allowed"`
+			Patch   json.RawMessage `json:"patch"`
+		} `json:"response"`
+	}
 	if err := json.Unmarshal(b, &review); err != nil {
 		return fmt.Errorf("decode the response: %w", err)
 	}
-	if r := review.Response; r == nil || !r.Allowed || len(r.Patch) == 0 {
+	if r := review.Response; r == nil || !r.Allowed || len(r.Patch) < 3 {
 		return fmt.Errorf("the webhook did not inject the pod: %s", b)
 	}
 	return nil

@@ -1,0 +1,210 @@
+package webhook
+
+import (
+	"encoding/json"
+	"reflect"
+	"strconv"
+	"strings"
+
+	"gomodules.xyz/jsonpatch/v2"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// podPatch returns the JSON patch that turns the request's pod JSON into mutated, or ok false
+// when the change is not the shape it handles (the caller then diffs the whole documents).
+//
+// The patch is computed from the typed pods, never written by hand: annotations key by key,
+// and each container list by container name — removed containers, inserted containers (whole),
+// and, for a container present in both, the diff of that container alone. Diffing the whole
+// pod document instead (what controller-runtime's typed defaulter does) costs most of an
+// admission: inserting the validator at the front of the init containers shifts every element,
+// so the generic array diff rewrites them all field by field. Fields the typed Pod does not know
+// (a newer API server's) are never touched: a changed container's diff is taken from its raw
+// JSON, less what merely decoding and encoding it changes.
+func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOperation, bool) {
+	// A pod without a spec (never a real one) may lack the "spec" member the paths need.
+	if !sameExceptAnnotationsAndContainers(orig, mutated) || reflect.DeepEqual(orig.Spec, corev1.PodSpec{}) {
+		return nil, false
+	}
+	var ops []jsonpatch.JsonPatchOperation
+
+	// Annotations.
+	switch {
+	case len(orig.Annotations) == 0 && len(mutated.Annotations) > 0:
+		if reflect.DeepEqual(orig.ObjectMeta, metav1.ObjectMeta{}) {
+			// The request may have no metadata at all, or only fields unknown here:
+			// whole-document diff.
+			return nil, false
+		}
+		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", mutated.Annotations))
+	default:
+		for k := range orig.Annotations {
+			if _, ok := mutated.Annotations[k]; !ok {
+				ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(k), nil))
+			}
+		}
+		for k, v := range mutated.Annotations {
+			if old, ok := orig.Annotations[k]; !ok || old != v {
+				ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escape(k), v))
+			}
+		}
+	}
+	// The raw containers are read only for a container whose fields changed.
+	var rawSpec map[string]json.RawMessage
+	rawContainers := func(key string, n int) ([]json.RawMessage, bool) {
+		if rawSpec == nil {
+			var top struct {
+				Spec map[string]json.RawMessage `json:"spec"`
+			}
+			if err := json.Unmarshal(rawPod, &top); err != nil || top.Spec == nil {
+				return nil, false
+			}
+			rawSpec = top.Spec
+		}
+		var list []json.RawMessage
+		if err := json.Unmarshal(rawSpec[key], &list); err != nil || len(list) != n {
+			return nil, false
+		}
+		return list, true
+	}
+	for _, l := range []struct {
+		key           string
+		before, after []corev1.Container
+	}{
+		{"initContainers", orig.Spec.InitContainers, mutated.Spec.InitContainers},
+		{"containers", orig.Spec.Containers, mutated.Spec.Containers},
+	} {
+		key := l.key
+		listOps, ok := containerOps("/spec/"+key, l.before, l.after, func() ([]json.RawMessage, bool) { return rawContainers(key, len(l.before)) })
+		if !ok {
+			return nil, false
+		}
+		ops = append(ops, listOps...)
+	}
+	return ops, true
+}
+
+// sameExceptAnnotationsAndContainers reports whether the mutation changed nothing but what
+// podPatch diffs.
+func sameExceptAnnotationsAndContainers(a, b *corev1.Pod) bool {
+	x, y := *a, *b
+	x.Annotations, y.Annotations = nil, nil
+	x.Spec.InitContainers, y.Spec.InitContainers = nil, nil
+	x.Spec.Containers, y.Spec.Containers = nil, nil
+	return reflect.DeepEqual(&x, &y) // b is a deep copy of a: untouched parts are identical
+}
+
+// containerOps turns the list before into after, matching containers by name; raw returns
+// the list's raw JSON elements, which before was decoded from.
+func containerOps(path string, before, after []corev1.Container, raw func() ([]json.RawMessage, bool)) ([]jsonpatch.JsonPatchOperation, bool) {
+	if len(before) == 0 {
+		if len(after) == 0 {
+			return nil, true
+		}
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("add", path, after)}, true
+	}
+	if len(after) == 0 {
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("remove", path, nil)}, true
+	}
+	inAfter := map[string]int{}
+	for i, c := range after {
+		if _, dup := inAfter[c.Name]; dup {
+			return nil, false
+		}
+		inAfter[c.Name] = i
+	}
+	inBefore := map[string]bool{}
+	for _, c := range before {
+		if inBefore[c.Name] {
+			return nil, false
+		}
+		inBefore[c.Name] = true
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	// Remove, from the end so indices stay valid.
+	var kept []int // indices into before
+	for i := len(before) - 1; i >= 0; i-- {
+		if _, ok := inAfter[before[i].Name]; !ok {
+			ops = append(ops, jsonpatch.NewOperation("remove", path+"/"+strconv.Itoa(i), nil))
+		}
+	}
+	for i, c := range before {
+		if _, ok := inAfter[c.Name]; ok {
+			kept = append(kept, i)
+		}
+	}
+	// The kept containers must keep their order; then inserting the new ones in ascending
+	// position yields after.
+	last := -1
+	for _, i := range kept {
+		if inAfter[before[i].Name] < last {
+			return nil, false
+		}
+		last = inAfter[before[i].Name]
+	}
+	for j, c := range after {
+		if !inBefore[c.Name] {
+			ops = append(ops, jsonpatch.NewOperation("add", path+"/"+strconv.Itoa(j), c))
+		}
+	}
+	// Changes inside kept containers, at their final index.
+	var list []json.RawMessage
+	for _, i := range kept {
+		j := inAfter[before[i].Name]
+		if reflect.DeepEqual(&before[i], &after[j]) {
+			continue
+		}
+		a, err1 := json.Marshal(&before[i])
+		b, err2 := json.Marshal(&after[j])
+		if err1 != nil || err2 != nil {
+			return nil, false
+		}
+		if list == nil {
+			var ok bool
+			if list, ok = raw(); !ok {
+				return nil, false
+			}
+		}
+		sub, ok := rawDiff(list[i], a, b)
+		if !ok {
+			return nil, false
+		}
+		prefix := path + "/" + strconv.Itoa(j)
+		for _, op := range sub {
+			op.Path = prefix + op.Path
+			ops = append(ops, op)
+		}
+	}
+	return ops, true
+}
+
+// rawDiff is the patch from raw to typed b, less the operations that merely decoding raw into
+// the typed a and encoding it again would make (fields a newer API server sends, empty structs
+// the typed form writes): what the mutation changed, at paths that exist in raw.
+func rawDiff(raw, a, b []byte) ([]jsonpatch.JsonPatchOperation, bool) {
+	toB, err := jsonpatch.CreatePatch(raw, b)
+	if err != nil {
+		return nil, false
+	}
+	toA, err := jsonpatch.CreatePatch(raw, a)
+	if err != nil {
+		return nil, false
+	}
+	noise := map[string]bool{}
+	for _, op := range toA {
+		noise[op.Json()] = true
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	for _, op := range toB {
+		if !noise[op.Json()] {
+			ops = append(ops, op)
+		}
+	}
+	return ops, true
+}
+
+// escape encodes a JSON pointer token (RFC 6901).
+func escape(s string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
+}

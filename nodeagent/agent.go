@@ -322,6 +322,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	watch()
+	a.removeStaleTemps()
 	a.reconcileAndLog(ctx)
 
 	resync := time.NewTicker(a.cfg.Resync)
@@ -356,6 +357,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			watch()
 			a.reconcileAndLog(ctx)
+		}
+	}
+}
+
+// removeStaleTemps removes temporary files an earlier agent left when it was killed between
+// writing and renaming one (only files with the agent's own prefix).
+func (a *Agent) removeStaleTemps() {
+	for _, dir := range []string{a.cfg.ConfDir, a.cfg.BinDir} {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir() && isTemp(e.Name()) {
+				if _, err := removeFile(filepath.Join(dir, e.Name())); err != nil {
+					a.log.Warn("cannot remove a stale temporary file", "err", err)
+				}
+			}
 		}
 	}
 }

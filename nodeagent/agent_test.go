@@ -486,6 +486,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func TestRunRestoresRewrittenPrimary(t *testing.T) {
 	e := newEnv(t)
 	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	stale := filepath.Join(e.binDir, ".detour-tmp-detour-cni-123") // left by a killed agent
+	writeFile(t, stale, "half a binary")
 	a := e.agent(t)
 	stop := run(t, a)
 
@@ -508,6 +510,9 @@ func TestRunRestoresRewrittenPrimary(t *testing.T) {
 			}
 			return slices.Equal(types, append(want, "detour-cni"))
 		})
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale temporary file not removed: %v", err)
 	}
 	// No write loop: once restored, the agent leaves the file alone.
 	settled := inodes(t, e.confDir)

@@ -62,3 +62,10 @@ bench-webhook: build
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) && export DETOUR_TEST_BIN && \
 	go test ./webhook -run '^$$' -bench . -benchtime 3000x -count 1 && \
 	go run ./hack/webhook-load --detour=$(BIN)/detour --concurrency 16 --rate 500 --duration 20s
+
+# The local end-to-end demo (the README's first command): builds everything, starts a local
+# kube-apiserver + etcd, the webhook, the node agent and the plugin, and narrates each step.
+# As root it plays a node in network namespaces; without root it runs the API half.
+demo: build
+	bash hack/host-deps.sh
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) go run ./cmd/detour-demo

@@ -775,3 +775,26 @@ func BenchmarkReconcileSteady(b *testing.B) {
 		}
 	}
 }
+
+// A new primary that sorts first (another CNI replacing the first one) gets the entry; the
+// file the runtime no longer loads is left as it is.
+func TestRunFollowsANewPrimary(t *testing.T) {
+	e := newEnv(t)
+	old := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, old, calico)
+	a := e.agent(t)
+	run(t, a)
+	eventually(t, "the entry is in the first primary", func() bool { ok, _ := a.Ready(); return ok })
+	before := readFile(t, old)
+
+	cilium := filepath.Join(e.confDir, "05-cilium.conflist")
+	writeAtomic(t, cilium, `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni","enable-debug":false}]}`)
+	eventually(t, "the entry is in the new primary", func() bool {
+		b, err := os.ReadFile(cilium)
+		return err == nil && slices.Equal(pluginTypes(t, string(b)), []string{"cilium-cni", "detour-cni"})
+	})
+	eventually(t, "the status names the new primary", func() bool { return a.Status().Primary == cilium })
+	if readFile(t, old) != before {
+		t.Error("the old primary was edited")
+	}
+}

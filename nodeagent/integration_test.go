@@ -116,9 +116,7 @@ func TestIntegrationNodeReadiness(t *testing.T) {
 	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"calico", "portmap", "detour-cni"}) {
 		t.Errorf("node ready but the primary holds %v", types)
 	}
-	if ok, reason := a.Ready(); !ok {
-		t.Errorf("not ready: %s", reason)
-	}
+	eventually(t, "the agent reports ready", func() bool { ok, _ := a.Ready(); return ok })
 }
 
 // adminKubeconfig writes the control plane's admin credentials as a kubeconfig file.

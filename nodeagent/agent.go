@@ -258,7 +258,7 @@ func (a *Agent) ensureEntry(primary string, data []byte) (string, error) {
 	target := strings.TrimSuffix(primary, filepath.Ext(primary)) + ".conflist"
 	if existing, err := os.ReadFile(target); err == nil {
 		// Overwrite only a list this agent made from the same network earlier.
-		if ok, _ := EntryInPlace(existing, a.cfg.Entry); !ok && !hasEntry(existing) {
+		if !hasEntry(existing) {
 			return primary, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
 		}
 	}

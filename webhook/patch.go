@@ -50,23 +50,24 @@ func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOp
 			}
 		}
 	}
-	// The raw containers are read only for a container whose fields changed.
-	var rawSpec map[string]json.RawMessage
+	// The raw containers are read, once, only for a container whose fields changed.
+	var rawSpec *struct {
+		Spec struct {
+			InitContainers []json.RawMessage `json:"initContainers"`
+			Containers     []json.RawMessage `json:"containers"`
+		} `json:"spec"`
+	}
 	rawContainers := func(key string, n int) ([]json.RawMessage, bool) {
 		if rawSpec == nil {
-			var top struct {
-				Spec map[string]json.RawMessage `json:"spec"`
-			}
-			if err := json.Unmarshal(rawPod, &top); err != nil || top.Spec == nil {
+			if err := json.Unmarshal(rawPod, &rawSpec); err != nil || rawSpec == nil {
 				return nil, false
 			}
-			rawSpec = top.Spec
 		}
-		var list []json.RawMessage
-		if err := json.Unmarshal(rawSpec[key], &list); err != nil || len(list) != n {
-			return nil, false
+		list := rawSpec.Spec.Containers
+		if key == "initContainers" {
+			list = rawSpec.Spec.InitContainers
 		}
-		return list, true
+		return list, len(list) == n
 	}
 	for _, l := range []struct {
 		key           string

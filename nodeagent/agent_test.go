@@ -32,6 +32,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/cniplugin"
+	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/nodeagent"
 )
 
@@ -796,5 +798,41 @@ func TestRunFollowsANewPrimary(t *testing.T) {
 	eventually(t, "the status names the new primary", func() bool { return a.Status().Primary == cilium })
 	if readFile(t, old) != before {
 		t.Error("the old primary was edited")
+	}
+}
+
+// The entry the agent writes is what the plugin parses: every flag arrives as the plugin's
+// setting (the contract test between install-cni and detour-cni).
+func TestEntryParsedByPlugin(t *testing.T) {
+	f := nodeagent.DefaultFlags()
+	f.APIServer, f.PluginSource = "https://10.96.0.1:443", "/opt/detour/bin/detour-cni"
+	f.APITimeout, f.IPTablesBackend, f.LogLevel, f.LogFile = 3*time.Second, "nft", "debug", "/var/log/detour-cni.log"
+	f.ExcludeNamespaces, f.IPv6 = []string{"kube-system", "istio-system"}, "always"
+	cfg, err := f.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, _, err := nodeagent.InsertEntry([]byte(calico), cfg.Entry)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The runtime hands each plugin its configuration with the list's name and version.
+	netList, err := libcni.ConfListFromBytes(list)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := libcni.InjectConf(netList.Plugins[2], map[string]any{"name": netList.Name, "cniVersion": netList.CNIVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc, err := cniplugin.ParseConfig(stdin.Bytes)
+	if err != nil {
+		t.Fatalf("the plugin rejects the agent's entry: %v\n%s", err, stdin.Bytes)
+	}
+	if pc.Type != cniplugin.PluginType || pc.Kubeconfig != "/etc/cni/net.d/detour-cni.kubeconfig" || pc.APITimeout != 3*time.Second ||
+		pc.IPTablesBackend != iptables.BackendNFT || pc.LogLevel != slog.LevelDebug || pc.LogFile != "/var/log/detour-cni.log" ||
+		!slices.Equal(pc.ExcludeNamespaces, []string{"kube-system", "istio-system"}) || pc.IPv6 != cniplugin.IPv6Always ||
+		!netList.Plugins[2].Network.Capabilities[cniplugin.PodAnnotationsCapability] {
+		t.Errorf("the plugin reads %+v", pc)
 	}
 }

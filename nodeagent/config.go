@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/cniplugin"
 )
 
 // Defaults of the agent's flags.
@@ -115,7 +116,7 @@ type entry struct {
 
 // PodAnnotationsCapability is the capability through which the runtime passes a pod's
 // annotations to the plugin.
-const PodAnnotationsCapability = "io.kubernetes.cri.pod-annotations"
+const PodAnnotationsCapability = cniplugin.PodAnnotationsCapability
 
 // Parse validates the flags and returns the Config. Errors name the flag, the value and what
 // a valid one looks like.

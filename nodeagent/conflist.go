@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+
+	"github.com/detourmesh/detour/cniplugin"
 )
 
 // PluginType is the "type" that identifies detour's entry in a conflist, and the name of the
 // plugin binary in the CNI bin dir.
-const PluginType = "detour-cni"
+const PluginType = cniplugin.PluginType
 
 // member is one key of a JSON object with its value as written.
 type member struct {

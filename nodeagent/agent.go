@@ -194,12 +194,16 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 	if a.node == nil {
 		return s, nil
 	}
-	patched, err := a.node.markReady(ctx)
-	if err != nil {
-		return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
-	}
-	if patched {
-		a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
+	// The node is read and patched when the config comes into place, not on every resync: a
+	// GET per node every few seconds would add up on a large cluster.
+	if !a.Status().NodeReady {
+		patched, err := a.node.markReady(ctx)
+		if err != nil {
+			return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
+		}
+		if patched {
+			a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
+		}
 	}
 	s.NodeReady = true
 	return s, nil

@@ -668,9 +668,25 @@ func TestNodeReadiness(t *testing.T) {
 	if len(patches) != 2 || !strings.Contains(patches[0], `"resourceVersion":"7"`) {
 		t.Errorf("patches %v: want a conflicting one carrying the resourceVersion, then a retry", patches)
 	}
-	// Ready already: no further patch.
-	if _, err := a.Reconcile(context.Background()); err != nil || len(patches) != 2 {
-		t.Errorf("patched a ready node again: %v, %v", patches, err)
+	// Ready already: the node is not read or patched on every resync.
+	gets := 0
+	for _, act := range client.Actions() {
+		if act.GetVerb() == "get" {
+			gets++
+		}
+	}
+	if _, err := a.Reconcile(context.Background()); err != nil || len(patches) != 2 || len(client.Actions()) != gets+len(patches) {
+		t.Errorf("a resync of a ready node called the API: %v, %v", client.Actions(), err)
+	}
+	// The config goes away and comes back: the node is checked again.
+	os.Remove(filepath.Join(e.confDir, "10-calico.conflist"))
+	if s, _ := a.Reconcile(context.Background()); s.NodeReady || s.ConfigInPlace {
+		t.Errorf("status without config %+v", s)
+	}
+	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
+	before := len(client.Actions())
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady || len(client.Actions()) != before+1 {
+		t.Errorf("config back: %+v, %v, %d new API calls (want one get)", s, err, len(client.Actions())-before)
 	}
 	rec := httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))

@@ -21,7 +21,7 @@ if [ "$status" -ne 0 ]; then
 	cat "$log" >&2
 	exit "$status"
 fi
-skipped=$(grep -E -- '--- SKIP' -A1 "$log" || true)
+skipped=$(grep -E -A1 -- '--- SKIP' "$log" || true)
 if [ -n "$skipped" ]; then
 	echo "skipped tests:"
 	echo "$skipped"

@@ -38,8 +38,11 @@ type ExitError struct {
 func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
 
-// ExitCode is the process exit code for err: an ExitError's code, else 1.
+// ExitCode is the process exit code for err: 0 for nil, an ExitError's code, else 1.
 func ExitCode(err error) int {
+	if err == nil {
+		return 0
+	}
 	if e, ok := errors.AsType[*ExitError](err); ok {
 		return e.Code
 	}

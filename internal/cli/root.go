@@ -23,7 +23,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(
 		// Each component adds its command here.
 		newValidateCommand(), newInstallCNICommand(), newRepairCommand(),
-		newWebhookCommand(), newInjectCommand(), newRulesCommand(),
+		newWebhookCommand(), newInjectCommand(), newRulesCommand(), newCheckCommand(),
 	)
 	return root
 }

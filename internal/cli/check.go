@@ -1,0 +1,174 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/cniplugin"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/webhook"
+)
+
+// newCheckCommand returns `detour check`, the node-side diagnosis.
+func newCheckCommand() *cobra.Command {
+	var confDir, file, netns, backend string
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Diagnose a node: iptables, the CNI configuration, and (with --netns) a pod's live rules",
+		Long: `check runs on a node (or in the node agent's container) and reports, one line each with ✓ or ✗:
+the iptables backends available for IPv4 and IPv6; the CNI configuration the runtime uses, whether
+detour-cni is its last plugin with a valid entry, and whether the plugin's kubeconfig is there; and,
+given a pod's network namespace and its injected YAML, whether the live nat rules are exactly the
+ones detour-cni installs for it (the first difference in words otherwise). It exits 1 when any
+check fails.`,
+		Example: `  # The node's state, from the host:
+  detour check --cni-conf-dir=/etc/cni/net.d
+
+  # A pod's rules (find its network namespace with crictl inspectp):
+  kubectl get pod web-7d4b9 -o yaml > pod.yaml
+  detour check -f pod.yaml --netns /var/run/netns/cni-1234abcd`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			b, err := iptables.ParseBackend(backend)
+			if err != nil {
+				return fmt.Errorf("--iptables-backend: %w", err)
+			}
+			if (file == "") != (netns == "") {
+				return errors.New("-f and --netns go together: the pod's injected YAML and its network namespace")
+			}
+			c := &checker{out: cmd.OutOrStdout(), exec: iptables.NewExecutor(iptables.WithBackend(b))}
+			c.iptables()
+			if confDir != "" {
+				c.cniConfig(confDir)
+			}
+			if netns != "" {
+				c.podRules(cmd, file, netns)
+			}
+			if c.failed > 0 {
+				return fmt.Errorf("%d check(s) failed; see docs/troubleshooting.md", c.failed)
+			}
+			return nil
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&confDir, "cni-conf-dir", "/etc/cni/net.d", `the node's CNI configuration directory; "" skips the check`)
+	fl.StringVarP(&file, "filename", "f", "", "the injected pod's YAML (kubectl get pod -o yaml); - reads standard input")
+	fl.StringVar(&netns, "netns", "", "the pod's network namespace, e.g. /var/run/netns/cni-...")
+	fl.StringVar(&backend, "iptables-backend", "auto", "auto, legacy or nft, as in the plugin's configuration")
+	return cmd
+}
+
+type checker struct {
+	out    io.Writer
+	exec   *iptables.Executor
+	failed int
+}
+
+func (c *checker) ok(format string, args ...any) { fmt.Fprintf(c.out, "✓ %s\n", fmt.Sprintf(format, args...)) }
+
+func (c *checker) fail(format string, args ...any) {
+	c.failed++
+	fmt.Fprintf(c.out, "✗ %s\n", fmt.Sprintf(format, args...))
+}
+
+func (c *checker) iptables() {
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		if err := c.exec.Usable(f); err != nil {
+			c.fail("%s: %v", f, err)
+		} else {
+			c.ok("%s: iptables-save and iptables-restore found", f)
+		}
+	}
+}
+
+// cniConfig checks the configuration file the runtime uses, as the node agent maintains it.
+func (c *checker) cniConfig(dir string) {
+	primary, err := nodeagent.Primary(dir)
+	if err != nil || primary == "" {
+		c.fail("CNI configuration in %s: none found (%v); the primary CNI has not written its configuration yet, and the node agent waits for it", dir, err)
+		return
+	}
+	data, err := os.ReadFile(primary)
+	if err != nil {
+		c.fail("read %s: %v", primary, err)
+		return
+	}
+	var list struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(data, &list); err != nil || len(list.Plugins) == 0 {
+		c.fail("%s is not a conflist with plugins (%v); the node agent converts a .conf when it installs detour", primary, err)
+		return
+	}
+	last := list.Plugins[len(list.Plugins)-1]
+	conf, err := cniplugin.ParseConfig(last)
+	switch {
+	case err != nil:
+		c.fail("%s: the last plugin's configuration: %v", primary, err)
+		return
+	case conf.Type != cniplugin.PluginType:
+		c.fail("%s: the last plugin is %q, not %s: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, conf.Type, cniplugin.PluginType)
+		return
+	}
+	c.ok("%s (the configuration the runtime uses) ends with %s", filepath.Base(primary), cniplugin.PluginType)
+	if conf.Kubeconfig != "" {
+		if _, err := os.Stat(conf.Kubeconfig); err != nil {
+			c.fail("the plugin's kubeconfig: %v; the node agent writes it", err)
+		} else {
+			c.ok("the plugin's kubeconfig %s is there", conf.Kubeconfig)
+		}
+	}
+}
+
+// podRules compares the live rules in netns with the ones the pod's annotations call for.
+func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
+	in, closeIn, err := openInput(cmd, file)
+	if err != nil {
+		c.fail("%v", err)
+		return
+	}
+	defer closeIn()
+	name, a, err := webhook.PodAnnotations(in)
+	switch {
+	case err != nil:
+		c.fail("read %s: %v", file, err)
+		return
+	case !annotations.IsInjected(a):
+		c.fail("%s is not injected (no %s annotation): detour-cni installs no rules for it", name, annotations.Injected)
+		return
+	}
+	r, err := annotations.ParseRedirect(a)
+	if err != nil {
+		c.fail("%s: %v", name, err)
+		return
+	}
+	ctx := context.Background()
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+		if err != nil {
+			c.fail("%s: %v", name, err)
+			return
+		}
+		if f == iptables.IPv6 {
+			// IPv6 rules exist only for pods with an IPv6 address; check them when present.
+			if saved, _, err := c.exec.Save(ctx, netns, f); err != nil || !strings.Contains(saved, iptables.OutboundChain) {
+				continue
+			}
+		}
+		if err := c.exec.Check(ctx, netns, rs); err != nil {
+			c.fail("%s: %v", name, err)
+		} else {
+			c.ok("%s: the %s rules in %s are exactly what detour-cni installs", name, f, netns)
+		}
+	}
+}

@@ -1,0 +1,85 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
+)
+
+func TestCheckCNIConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		files map[string]string
+		want  string
+	}{
+		{"no config", nil, "none found"},
+		{"primary only", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`},
+			`the last plugin is "bridge", not detour-cni`},
+		{"installed", map[string]string{
+			"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"KUBECONFIG"}]}`,
+			"99-other.conflist":  `{"cniVersion":"1.1.0","name":"other","plugins":[{"type":"bridge"}]}`},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) ends with detour-cni\n✓ the plugin's kubeconfig"},
+		{"bad entry", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","apiTimeout":"forever"}]}`},
+			`apiTimeout "forever" is not valid`},
+		{"kubeconfig missing", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"/nonexistent/kubeconfig"}]}`},
+			"✗ the plugin's kubeconfig"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			kubeconfig := filepath.Join(dir, "detour-cni.kubeconfig")
+			os.WriteFile(kubeconfig, []byte("apiVersion: v1\n"), 0o600)
+			for name, content := range tc.files {
+				os.WriteFile(filepath.Join(dir, name), []byte(strings.ReplaceAll(content, "KUBECONFIG", kubeconfig)), 0o644)
+			}
+			var out bytes.Buffer
+			c := &checker{out: &out}
+			c.cniConfig(dir)
+			if !strings.Contains(out.String(), tc.want) {
+				t.Errorf("check printed\n%s\nwant it to contain %q", out.String(), tc.want)
+			}
+			if strings.Contains(tc.want, "✗") || !strings.HasPrefix(tc.want, "✓") {
+				if c.failed == 0 {
+					t.Error("the check should have failed")
+				}
+			} else if c.failed != 0 {
+				t.Errorf("the check failed: %s", out.String())
+			}
+		})
+	}
+}
+
+// check --netns compares a pod namespace's live rules with its annotations and names the first
+// difference.
+func TestIntegrationCheckPodRules(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, ExemptGIDs: []uint32{2601}}
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": r.Annotations()}}
+	b, _ := yaml.Marshal(pod)
+	podFile := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(podFile, b, 0o644)
+
+	args := []string{"check", "--cni-conf-dir=", "-f", podFile, "--netns", ns.Path}
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check rules in") || !strings.Contains(out, "missing") {
+		t.Fatalf("check before the rules are installed: %v\n%s", err, out)
+	}
+	rs, _ := iptables.Build(iptables.ConfigFromRedirect(r, iptables.IPv4))
+	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run(t, "", args...)
+	if err != nil || !strings.Contains(out, "✓ Pod web: the ipv4 rules in "+ns.Path+" are exactly what detour-cni installs") {
+		t.Fatalf("check after installing the rules: %v\n%s", err, out)
+	}
+	if strings.Contains(out, "ipv6 rules") {
+		t.Errorf("an IPv4-only pod's IPv6 rules were checked:\n%s", out)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/go-logr/logr"
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -53,7 +54,10 @@ func BenchmarkHandle(b *testing.B) {
 // BenchmarkServeHTTP adds what the webhook server does around Handle: decode the
 // AdmissionReview, encode the response (no TLS, no network).
 func BenchmarkServeHTTP(b *testing.B) {
-	wh := &admission.Webhook{Handler: NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)}
+	wh := &admission.Webhook{
+		Handler:        NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil),
+		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base }, // as Run does
+	}
 	body, err := load.Review(load.Pod(), "shop")
 	if err != nil {
 		b.Fatal(err)

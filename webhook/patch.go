@@ -180,10 +180,24 @@ func containerOps(path string, before, after []corev1.Container, raw func() ([]j
 	return ops, true
 }
 
-// rawDiff is the patch from raw to typed b, less the operations that merely decoding raw into
-// the typed a and encoding it again would make (fields a newer API server sends, empty structs
-// the typed form writes): what the mutation changed, at paths that exist in raw.
+// rawDiff is the patch that applies to raw, from which a was decoded, the change from a to b.
+// Usually that is the typed diff itself: it only touches fields whose typed values differ,
+// and rawDiff checks that each of its paths exists in raw and that it replaces no object or
+// array of raw (whose fields unknown here would be lost). Otherwise it is the diff from raw to
+// b less what merely decoding raw into a and encoding it again changes (fields a newer API
+// server sends, empty structs the typed form writes).
 func rawDiff(raw, a, b []byte) ([]jsonpatch.JsonPatchOperation, bool) {
+	typed, err := jsonpatch.CreatePatch(a, b)
+	if err != nil {
+		return nil, false
+	}
+	var doc any
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		return nil, false
+	}
+	if appliesCleanly(doc, typed) {
+		return typed, true
+	}
 	toB, err := jsonpatch.CreatePatch(raw, b)
 	if err != nil {
 		return nil, false
@@ -203,6 +217,57 @@ func rawDiff(raw, a, b []byte) ([]jsonpatch.JsonPatchOperation, bool) {
 		}
 	}
 	return ops, true
+}
+
+// appliesCleanly reports whether every operation finds its place in doc (the parent of an
+// add, the target of a replace or remove) and overwrites no object or array there.
+func appliesCleanly(doc any, ops []jsonpatch.JsonPatchOperation) bool {
+	for _, op := range ops {
+		tokens := strings.Split(op.Path, "/")[1:]
+		if len(tokens) == 0 {
+			return false
+		}
+		parent, ok := lookup(doc, tokens[:len(tokens)-1])
+		if !ok {
+			return false
+		}
+		obj, isObj := parent.(map[string]any)
+		if !isObj {
+			return false // array positions: leave them to the full diff
+		}
+		target, exists := obj[unescape(tokens[len(tokens)-1])]
+		switch op.Operation {
+		case "add":
+		case "replace", "remove":
+			if !exists {
+				return false
+			}
+		default:
+			return false
+		}
+		switch target.(type) {
+		case map[string]any, []any:
+			return false
+		}
+	}
+	return true
+}
+
+func lookup(doc any, tokens []string) (any, bool) {
+	for _, t := range tokens {
+		obj, ok := doc.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if doc, ok = obj[unescape(t)]; !ok {
+			return nil, false
+		}
+	}
+	return doc, true
+}
+
+func unescape(t string) string {
+	return strings.ReplaceAll(strings.ReplaceAll(t, "~1", "/"), "~0", "~")
 }
 
 // escape encodes a JSON pointer token (RFC 6901).

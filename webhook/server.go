@@ -46,6 +46,8 @@ type Options struct {
 	MetricsAddr string
 	// HealthAddr serves /healthz and /readyz over HTTP (default ":8081").
 	HealthAddr string
+	// PprofAddr serves Go's net/http/pprof profiles; empty (the default) disables them.
+	PprofAddr string
 	// EnableHTTP2 offers HTTP/2 on the webhook port. It is off by default, as controller-runtime
 	// advises, against HTTP/2 stream-reset attacks.
 	EnableHTTP2 bool
@@ -166,6 +168,7 @@ func Run(ctx context.Context, o Options) error {
 		Logger:                 logger,
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: healthAddr,
+		PprofBindAddress:       o.PprofAddr,
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{
 			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
 		}),
@@ -181,7 +184,12 @@ func Run(ctx context.Context, o Options) error {
 	m := defaultMetrics()
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
-	mgr.GetWebhookServer().Register(MutatePath, &admission.Webhook{Handler: handler})
+	mgr.GetWebhookServer().Register(MutatePath, &admission.Webhook{
+		Handler: handler,
+		// The handler logs each admission itself; controller-runtime's per-request logger
+		// would only cost allocations.
+		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base },
+	})
 
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("run webhook: %w", err)

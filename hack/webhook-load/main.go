@@ -46,7 +46,7 @@ func main() {
 }
 
 type flags struct {
-	url, ca, detour, namespace string
+	url, ca, detour, namespace, pprof string
 	pid, concurrency, rate     int
 	duration, warmup           time.Duration
 }
@@ -58,6 +58,7 @@ func run(ctx context.Context) error {
 	flag.IntVar(&f.pid, "pid", 0, "process ID of the running webhook, for its peak RSS (with --url)")
 	flag.StringVar(&f.detour, "detour", "bin/detour", "the detour binary to start (without --url)")
 	flag.StringVar(&f.namespace, "namespace", "bench", "namespace of the pods (opted in; created when the tool starts the API server)")
+	flag.StringVar(&f.pprof, "pprof", "", "serve the started webhook's /debug/pprof here, e.g. 127.0.0.1:6060 (without --url)")
 	flag.IntVar(&f.concurrency, "concurrency", 16, "requests in flight")
 	flag.IntVar(&f.rate, "rate", 500, "requests per second of the fixed-rate phase")
 	flag.DurationVar(&f.duration, "duration", 20*time.Second, "length of each phase")
@@ -97,23 +98,28 @@ func run(ctx context.Context) error {
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "detour webhook under load: %d-byte AdmissionReview (3 init containers, 2 containers), TLS, HTTP/1.1 keep-alive, GOMAXPROCS of the client %d\n", len(body), runtimeProcs())
-	fmt.Fprintln(tw, "phase\tconcurrency\trate\trequests\terrors\tthroughput/s\tp50\tp99\tmax")
+	fmt.Fprintln(tw, "phase\tconcurrency\trate\trequests\terrors\tthroughput/s\tp50\tp99\tmax\twebhook CPU/admission")
 	for _, phase := range []struct {
 		name string
 		rate int
 	}{{"closed loop", 0}, {"fixed rate", f.rate}} {
 		o := base
 		o.Rate, o.Duration = phase.rate, f.duration
+		cpu0, _ := cpuTime(pid)
 		r, err := load.Run(ctx, o)
 		if err != nil {
 			return err
+		}
+		cpu := "-"
+		if cpu1, err := cpuTime(pid); err == nil && cpu1 > 0 && r.Requests > 0 {
+			cpu = fmt.Sprintf("%.0fµs", float64(cpu1-cpu0)/float64(r.Requests)/float64(time.Microsecond))
 		}
 		rate := "max"
 		if phase.rate > 0 {
 			rate = strconv.Itoa(phase.rate) + "/s"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%.0f\t%s\t%s\t%s\n", phase.name, f.concurrency, rate, r.Requests, r.Errors,
-			r.Throughput(), ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.Percentile(100)))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\n", phase.name, f.concurrency, rate, r.Requests, r.Errors,
+			r.Throughput(), ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.Percentile(100)), cpu)
 		if r.Errors > 0 {
 			fmt.Fprintf(tw, "  first error: %s\n", r.FirstError)
 		}
@@ -126,6 +132,14 @@ func run(ctx context.Context) error {
 		fmt.Fprintf(tw, "webhook peak RSS (VmHWM of pid %d): %.1f MiB\n", pid, float64(rss)/(1<<20))
 	}
 	return tw.Flush()
+}
+
+// cpuTime is the CPU time of pid, 0 when there is no pid to measure.
+func cpuTime(pid int) (time.Duration, error) {
+	if pid <= 0 {
+		return 0, errors.New("no pid")
+	}
+	return load.CPUTime(pid)
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
@@ -188,7 +202,7 @@ func startLocal(ctx context.Context, f flags) (string, []byte, int, func(), erro
 	if err := os.WriteFile(kcPath, kubeconfig, 0o600); err != nil {
 		return fail(err)
 	}
-	config := "proxy:\n  image: proxy.example/proxy:bench\nvalidator:\n  image: detour:bench\n"
+	config := "proxy:\n  image: proxy.example/proxy:bench\n  startupProbe: {tcpSocket: {port: 4191}}\nvalidator:\n  image: detour:bench\n"
 	if err := os.WriteFile(cfgPath, []byte(config), 0o600); err != nil {
 		return fail(err)
 	}
@@ -203,7 +217,7 @@ func startLocal(ctx context.Context, f flags) (string, []byte, int, func(), erro
 	cmd := exec.Command(f.detour, "webhook", "--kubeconfig", kcPath, "--config", cfgPath,
 		"--cert-dir", certs.LocalServingCertDir, "--host", "127.0.0.1", "--port", strconv.Itoa(certs.LocalServingPort),
 		"--metrics-bind-address", "127.0.0.1:"+strconv.Itoa(metrics), "--health-probe-bind-address", "127.0.0.1:"+strconv.Itoa(health),
-		"--log-level", "warn")
+		"--log-level", "warn", "--pprof-bind-address", f.pprof)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return fail(err)

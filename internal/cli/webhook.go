@@ -61,6 +61,7 @@ names the field. See docs/webhook.md.`,
 	fl.IntVar(&o.Port, "port", 9443, "TLS port of the webhook")
 	fl.StringVar(&o.MetricsAddr, "metrics-bind-address", ":8080", `address of the Prometheus /metrics endpoint ("0" disables it)`)
 	fl.StringVar(&o.HealthAddr, "health-probe-bind-address", ":8081", "address of /healthz and /readyz")
+	fl.StringVar(&o.PprofAddr, "pprof-bind-address", "", "address of Go's /debug/pprof profiles (default off; for diagnosing CPU or memory use)")
 	fl.BoolVar(&o.EnableHTTP2, "enable-http2", false, "offer HTTP/2 on the webhook port (off: guards against HTTP/2 stream-reset attacks)")
 	fl.StringVar(&o.OwnNamespace, "namespace", os.Getenv("POD_NAMESPACE"), "detour's namespace, whose pods are never injected (default $POD_NAMESPACE)")
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default in-cluster, or $KUBECONFIG)")

@@ -272,3 +272,29 @@ func PeakRSS(pid int) (int64, error) {
 	}
 	return 0, fmt.Errorf("no VmHWM in /proc/%d/status", pid)
 }
+
+// CPUTime returns the CPU time (user and system) process pid has used so far.
+func CPUTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name, in parentheses, may hold spaces; the fields after it are fixed.
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("parse /proc/%d/stat: %d fields", pid, len(f))
+	}
+	// Fields 14 and 15 of stat (utime, stime) are the 12th and 13th after the name, in clock
+	// ticks of 1/100 s on Linux.
+	utime, err1 := strconv.ParseInt(f[11], 10, 64)
+	stime, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
+	}
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil
+}

@@ -47,8 +47,8 @@ func main() {
 
 type flags struct {
 	url, ca, detour, namespace, pprof string
-	pid, concurrency, rate     int
-	duration, warmup           time.Duration
+	pid, concurrency, rate            int
+	duration, warmup                  time.Duration
 }
 
 func run(ctx context.Context) error {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"reflect"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,10 +47,10 @@ func (h *podDefaulter) Handle(ctx context.Context, req admission.Request) admiss
 		}
 		return admission.Denied(err.Error())
 	}
-	if reflect.DeepEqual(orig, pod) { // pod is a deep copy of orig: untouched means identical
-		return admission.Allowed("")
-	}
 	if ops, ok := podPatch(orig, pod, req.Object.Raw); ok {
+		if len(ops) == 0 {
+			return admission.Allowed("")
+		}
 		return admission.Patched("", ops...)
 	}
 	b, err := json.Marshal(pod)

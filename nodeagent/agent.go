@@ -35,9 +35,13 @@ func isConfigFile(name string) bool {
 type Agent struct {
 	cfg      Config
 	log      *slog.Logger
+	client   kubernetes.Interface
 	node     *nodeReadiness
+	tokens   *pluginTokens // nil: the plugin gets a copy of the agent's token
 	binary   binaryInstaller
 	debounce time.Duration
+	now      func() time.Time
+	fraction float64
 
 	mu     sync.Mutex
 	status Status
@@ -46,10 +50,20 @@ type Agent struct {
 // Option configures an Agent.
 type Option func(*Agent)
 
-// WithNodeClient enables node readiness through client (the node is Config.NodeName).
+// WithNodeClient sets the agent's API client: it marks the node ready through it (when
+// Config.NodeName is set) and requests the plugin's token with it (when
+// Config.PluginServiceAccount is set).
 func WithNodeClient(client kubernetes.Interface) Option {
-	return func(a *Agent) { a.node = &nodeReadiness{client: client} }
+	return func(a *Agent) { a.client = client }
 }
+
+// WithClock sets the agent's clock (default time.Now), which decides when the plugin's token
+// is due for refresh and whether it has expired.
+func WithClock(now func() time.Time) Option { return func(a *Agent) { a.now = now } }
+
+// WithTokenRefreshFraction sets the part of the plugin token's lifetime after which the agent
+// requests the next one (default [DefaultTokenRefreshFraction]; tests shorten it).
+func WithTokenRefreshFraction(f float64) Option { return func(a *Agent) { a.fraction = f } }
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
@@ -65,16 +79,23 @@ func New(cfg Config, opts ...Option) *Agent {
 		log:      slog.Default(),
 		binary:   binaryInstaller{source: cfg.PluginSource, dest: filepath.Join(cfg.BinDir, PluginType)},
 		debounce: 100 * time.Millisecond,
+		now:      time.Now,
+		fraction: DefaultTokenRefreshFraction,
 		status:   Status{Reason: "starting"},
 	}
 	for _, o := range opts {
 		o(a)
 	}
-	if a.node != nil {
-		if cfg.NodeName == "" {
-			a.node = nil
-		} else {
-			a.node.name, a.node.taint = cfg.NodeName, cfg.StartupTaint
+	if a.client != nil && cfg.NodeName != "" {
+		a.node = &nodeReadiness{client: a.client, name: cfg.NodeName, taint: cfg.StartupTaint}
+	}
+	if a.fraction <= 0 || a.fraction >= 1 {
+		a.fraction = DefaultTokenRefreshFraction
+	}
+	if cfg.PluginServiceAccount != "" {
+		a.tokens = &pluginTokens{
+			client: a.client, namespace: cfg.PluginServiceAccountNamespace, name: cfg.PluginServiceAccount,
+			ttl: cfg.PluginTokenTTL, fraction: a.fraction, now: a.now, log: a.log,
 		}
 	}
 	return a
@@ -89,6 +110,9 @@ type Status struct {
 	// NodeReady: the startup taint is gone and the ready label set (always false without a
 	// node client).
 	NodeReady bool
+	// PluginTokenExpires is when the plugin's token expires, when the agent requests it for
+	// the plugin's own service account (zero when the plugin gets a copy of the agent's).
+	PluginTokenExpires time.Time
 	// Reason says, for people, why the agent is not ready.
 	Reason string
 }
@@ -109,10 +133,19 @@ func (a *Agent) Status() Status {
 // Ready reports whether the node is ready for injected pods, and why not.
 func (a *Agent) Ready() (bool, string) {
 	s := a.Status()
-	if s.Ready(a.node != nil) {
+	switch {
+	case !s.Ready(a.node != nil):
+		return false, s.Reason
+	case a.tokens == nil:
 		return true, fmt.Sprintf("detour's CNI entry is in place in %s", s.Primary)
+	case !a.now().Before(s.PluginTokenExpires):
+		// The reconcile scheduled at the expiry reports why; this covers the moment until then.
+		return false, fmt.Sprintf("the plugin's token for service account %s expired at %s and has not been renewed yet (see the agent's log)",
+			a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
+	default:
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s; the plugin's token for service account %s is valid until %s",
+			s.Primary, a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
 	}
-	return false, s.Reason
 }
 
 func (a *Agent) setStatus(s Status) {
@@ -181,13 +214,22 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 	} else if wrote {
 		a.log.Info("installed the plugin binary", "path", a.binary.dest, "source", a.binary.source)
 	}
-	if wrote, err := a.ensureKubeconfig(); err != nil {
-		return s, err
-	} else if wrote {
+	// An expired plugin token (its renewal failing for its whole lifetime) leaves the agent not
+	// ready but still keeping the entry in place: the plugin reads most pods' annotations from
+	// the runtime and needs no token for them.
+	wrote, expires, tokenErr := a.ensureKubeconfig(ctx)
+	if _, expired := errors.AsType[*tokenExpiredError](tokenErr); tokenErr != nil && !expired {
+		return s, tokenErr
+	}
+	if wrote {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}
+	s.PluginTokenExpires = expires
 	if s.Primary, err = a.ensureEntry(primary, data); err != nil {
 		return s, err
+	}
+	if tokenErr != nil {
+		return s, tokenErr
 	}
 	s.ConfigInPlace = true
 
@@ -302,10 +344,11 @@ func hasEntry(conflist []byte) bool {
 }
 
 // Run reconciles now, then whenever the CNI config directory, the bin directory or the service
-// account directory changes (fsnotify, with a short debounce), and every resync interval in
-// case an event was missed. Each reconcile writes only what differs, so the agent's own writes
-// cause one more reconcile that writes nothing: there is no write loop. Run returns when ctx
-// ends and leaves everything in place (a rollout must not open a window without the plugin).
+// account directory changes (fsnotify, with a short debounce), every resync interval in case an
+// event was missed, and when the plugin's requested token is due for refresh, for a retry, or
+// expires. Each reconcile writes only what differs, so the agent's own writes cause one more
+// reconcile that writes nothing: there is no write loop. Run returns when ctx ends and leaves
+// everything in place (a rollout must not open a window without the plugin).
 func (a *Agent) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -327,12 +370,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	watch()
 	a.removeStaleTemps()
-	a.reconcileAndLog(ctx)
 
 	resync := time.NewTicker(a.cfg.Resync)
 	defer resync.Stop()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
+	token := time.NewTimer(time.Hour)
+	token.Stop()
+	defer token.Stop()
+	reconcile := func() {
+		a.reconcileAndLog(ctx)
+		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry.
+		token.Stop()
+		if a.tokens != nil {
+			if at, ok := a.tokens.next(); ok {
+				token.Reset(max(at.Sub(a.now()), 0))
+			}
+		}
+	}
+	reconcile()
 	for {
 		select {
 		case <-ctx.Done():
@@ -357,10 +413,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			a.log.Warn("file watcher error; the resync catches up", "err", err)
 		case <-debounce.C:
-			a.reconcileAndLog(ctx)
+			reconcile()
+		case <-token.C:
+			reconcile()
 		case <-resync.C:
 			watch()
-			a.reconcileAndLog(ctx)
+			reconcile()
 		}
 	}
 }

@@ -1,7 +1,9 @@
 package nodeagent
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -26,6 +28,12 @@ const (
 	DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	DefaultResync            = 10 * time.Second
 	DefaultAPITimeout        = 5 * time.Second
+	// DefaultPluginTokenTTL is the lifetime requested for the plugin's token (TokenRequest
+	// expirationSeconds); MinPluginTokenTTL is the API server's minimum and MaxPluginTokenTTL
+	// the longest the agent asks for.
+	DefaultPluginTokenTTL = time.Hour
+	MinPluginTokenTTL     = 10 * time.Minute
+	MaxPluginTokenTTL     = 24 * time.Hour
 )
 
 // Flags are the raw settings of `detour install-cni`; [Flags.Parse] validates them.
@@ -46,6 +54,15 @@ type Flags struct {
 	// APIServer is the URL the plugin reaches the API server at; empty means
 	// https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT.
 	APIServer string
+
+	// PluginServiceAccount is the service account whose token the plugin uses, requested
+	// through the TokenRequest API; empty means a copy of the agent's own token.
+	PluginServiceAccount string
+	// PluginServiceAccountNamespace is its namespace; empty means the agent's own (the
+	// namespace file in ServiceAccountDir).
+	PluginServiceAccountNamespace string
+	// PluginTokenTTL is the lifetime requested for the plugin's token.
+	PluginTokenTTL time.Duration
 
 	// The plugin's settings, written into its conflist entry.
 	APITimeout        time.Duration
@@ -72,6 +89,7 @@ func DefaultFlags() Flags {
 		KubeconfigName:    DefaultKubeconfigName,
 		TokenName:         DefaultTokenName,
 		ServiceAccountDir: DefaultServiceAccountDir,
+		PluginTokenTTL:    DefaultPluginTokenTTL,
 		APITimeout:        DefaultAPITimeout,
 		IPTablesBackend:   "auto",
 		LogLevel:          "info",
@@ -93,6 +111,11 @@ type Config struct {
 	// token copy; HostKubeconfigPath and HostTokenPath are the same files as the host sees them.
 	KubeconfigPath, HostKubeconfigPath string
 	TokenPath, HostTokenPath           string
+	// PluginServiceAccount and PluginServiceAccountNamespace name the service account whose
+	// token the agent requests for the plugin (TokenRequest API, PluginTokenTTL); an empty name
+	// means the plugin gets a copy of the agent's own token.
+	PluginServiceAccount, PluginServiceAccountNamespace string
+	PluginTokenTTL                                      time.Duration
 	// Entry is detour's plugin configuration, the JSON object appended to the conflist.
 	Entry        []byte
 	NodeName     string
@@ -165,6 +188,9 @@ func (f Flags) Parse() (Config, error) {
 	if c.APIServer, err = apiServer(f.APIServer); err != nil {
 		return c, err
 	}
+	if err := c.parsePluginServiceAccount(f); err != nil {
+		return c, err
+	}
 
 	if f.APITimeout < 100*time.Millisecond || f.APITimeout > 2*time.Minute {
 		return c, flagError("--api-timeout", f.APITimeout.String(), "must be from 100ms to 2m0s, such as 5s")
@@ -225,6 +251,41 @@ func (f Flags) Parse() (Config, error) {
 		return c, flagError("--resync-interval", f.Resync.String(), "must be from 1s to 1h0m0s, such as 10s")
 	}
 	return c, nil
+}
+
+// parsePluginServiceAccount sets the plugin's service account, its namespace (read from the
+// agent's service-account directory unless given) and the token lifetime.
+func (c *Config) parsePluginServiceAccount(f Flags) error {
+	if f.PluginServiceAccount == "" {
+		if f.PluginServiceAccountNamespace != "" {
+			return flagError("--plugin-service-account-namespace", f.PluginServiceAccountNamespace, "only applies with --plugin-service-account")
+		}
+		return nil
+	}
+	if errs := validation.IsDNS1123Subdomain(f.PluginServiceAccount); len(errs) > 0 {
+		return flagError("--plugin-service-account", f.PluginServiceAccount, "must be a service account name such as detour-cni: "+strings.Join(errs, "; "))
+	}
+	ns := f.PluginServiceAccountNamespace
+	if ns == "" {
+		path := filepath.Join(c.ServiceAccountDir, "namespace")
+		b, err := os.ReadFile(path)
+		if err == nil && len(bytes.TrimSpace(b)) == 0 {
+			err = errors.New("it is empty")
+		}
+		if err != nil {
+			return fmt.Errorf("read the agent's namespace %s for --plugin-service-account: %w (mount the service account token, or set --plugin-service-account-namespace)", path, err)
+		}
+		ns = string(bytes.TrimSpace(b))
+	}
+	if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+		return flagError("--plugin-service-account-namespace", ns, "must be a namespace name: "+strings.Join(errs, "; "))
+	}
+	if f.PluginTokenTTL < MinPluginTokenTTL || f.PluginTokenTTL > MaxPluginTokenTTL {
+		return flagError("--plugin-token-ttl", f.PluginTokenTTL.String(), "must be from 10m0s (the API server's minimum) to 24h0m0s, such as 1h")
+	}
+	c.PluginServiceAccount, c.PluginServiceAccountNamespace = f.PluginServiceAccount, ns
+	c.PluginTokenTTL = f.PluginTokenTTL.Truncate(time.Second)
+	return nil
 }
 
 // apiServer returns the API server URL the plugin uses: the flag's, or the in-cluster one.

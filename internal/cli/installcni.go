@@ -30,14 +30,16 @@ func newInstallCNICommand() *cobra.Command {
 		Short: "Install detour-cni into the node's CNI configuration and keep it there (DaemonSet)",
 		Long: `install-cni is detour's node agent. It waits for the primary CNI's configuration, then installs the
 detour-cni binary, a kubeconfig for it, and detour's entry at the end of the configuration the runtime
-uses; it puts the entry back whenever the primary rewrites its file, refreshes the plugin's token when
-the service-account token rotates, and once everything is in place removes the node's startup taint
-and labels the node detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall
-removes it. See docs/node-agent.md.`,
-		Example: `  # In the DaemonSet (host's /etc/cni/net.d and /opt/cni/bin mounted under /host):
-  detour install-cni --node-name=$(NODE_NAME)
+uses; it puts the entry back whenever the primary rewrites its file, keeps the plugin's token fresh
+(requested for --plugin-service-account through the TokenRequest API, or else a copy of the agent's
+own), and once everything is in place removes the node's startup taint and labels the node
+detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall removes it.
+See docs/node-agent.md.`,
+		Example: `  # In the DaemonSet (host's /etc/cni/net.d and /opt/cni/bin mounted under /host), the plugin with
+  # its own service account detour-cni in the agent's namespace:
+  detour install-cni --node-name=$(NODE_NAME) --plugin-service-account=detour-cni
 
-  # Remove detour from the node (the chart's uninstall path):
+  # Remove detour from the node and exit:
   detour install-cni --uninstall --node-name=$(NODE_NAME)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -65,6 +67,12 @@ removes it. See docs/node-agent.md.`,
 				return err
 			}
 			defer stop()
+			if cfg.PluginServiceAccount != "" {
+				log.Info("the plugin uses its own service account; requesting its token through the TokenRequest API",
+					"serviceAccount", cfg.PluginServiceAccountNamespace+"/"+cfg.PluginServiceAccount, "ttl", cfg.PluginTokenTTL)
+			} else {
+				log.Warn("the plugin uses a copy of the agent's own service-account token, with all of the agent's permissions; set --plugin-service-account to give it its own")
+			}
 			return agent.Run(cmd.Context())
 		},
 	}
@@ -74,8 +82,11 @@ removes it. See docs/node-agent.md.`,
 	fl.StringVar(&f.BinDir, "cni-bin-dir", f.BinDir, "the host's CNI bin directory, as mounted in the agent's container")
 	fl.StringVar(&f.PluginSource, "plugin-source", f.PluginSource, "the detour-cni binary to install (default: detour-cni next to this executable, /opt/detour/bin/detour-cni in the image)")
 	fl.StringVar(&f.KubeconfigName, "kubeconfig-name", f.KubeconfigName, "file name of the plugin's kubeconfig in the CNI config directory")
-	fl.StringVar(&f.TokenName, "token-name", f.TokenName, "file name of the plugin's copy of the service-account token in the CNI config directory")
+	fl.StringVar(&f.TokenName, "token-name", f.TokenName, "file name of the plugin's token in the CNI config directory (its kubeconfig's tokenFile)")
 	fl.StringVar(&f.ServiceAccountDir, "service-account-dir", f.ServiceAccountDir, "directory of the agent's service-account token and ca.crt")
+	fl.StringVar(&f.PluginServiceAccount, "plugin-service-account", f.PluginServiceAccount, "service account whose token the plugin uses, requested through the TokenRequest API (needs create on serviceaccounts/token for it); empty: a copy of the agent's own token")
+	fl.StringVar(&f.PluginServiceAccountNamespace, "plugin-service-account-namespace", f.PluginServiceAccountNamespace, "namespace of --plugin-service-account (default: the agent's own, from the namespace file in --service-account-dir)")
+	fl.DurationVar(&f.PluginTokenTTL, "plugin-token-ttl", f.PluginTokenTTL, "lifetime requested for the plugin's token, 10m to 24h; it is renewed at 80% of it")
 	fl.StringVar(&f.APIServer, "api-server", f.APIServer, "https URL the plugin reaches the API server at (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	fl.DurationVar(&f.APITimeout, "api-timeout", f.APITimeout, "the plugin's bound on a pod lookup (apiTimeout)")
 	fl.StringVar(&f.IPTablesBackend, "iptables-backend", f.IPTablesBackend, `the plugin's iptables backend: "auto", "legacy" or "nft" (iptablesBackend)`)
@@ -88,7 +99,7 @@ removes it. See docs/node-agent.md.`,
 	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")
 	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
-	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the token copy and the node's ready label, then exit")
+	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
 	return cmd
 }
 

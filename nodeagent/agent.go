@@ -113,6 +113,8 @@ type Status struct {
 	// PluginTokenExpires is when the plugin's token expires, when the agent requests it for
 	// the plugin's own service account (zero when the plugin gets a copy of the agent's).
 	PluginTokenExpires time.Time
+	// Uninstalled: Uninstall removed everything (the state `--uninstall --hold` reports).
+	Uninstalled bool
 	// Reason says, for people, why the agent is not ready.
 	Reason string
 }
@@ -130,10 +132,13 @@ func (a *Agent) Status() Status {
 	return a.status
 }
 
-// Ready reports whether the node is ready for injected pods, and why not.
+// Ready reports whether the node is ready for injected pods, and why not. After Uninstall
+// succeeded it reports ready too: the node is clean (what `--uninstall --hold` waits on).
 func (a *Agent) Ready() (bool, string) {
 	s := a.Status()
 	switch {
+	case s.Uninstalled:
+		return true, "detour is uninstalled from this node"
 	case !s.Ready(a.node != nil):
 		return false, s.Reason
 	case a.tokens == nil:
@@ -501,6 +506,41 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 			a.log.Info("removed the node's ready label", "node", a.node.name)
 		}
 	}
-	a.setStatus(Status{Reason: "uninstalled"})
-	return errors.Join(errs...)
+	err = errors.Join(errs...)
+	if err != nil {
+		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
+	} else {
+		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+	}
+	return err
+}
+
+// UninstallAndHold is `--uninstall --hold`: it uninstalls like Uninstall, retrying with backoff
+// (1s doubling to 1m) until that succeeds, then holds — Ready reports the node clean — until ctx
+// ends, and returns nil. A DaemonSet running it shows through its readiness, and `kubectl
+// rollout status`, when every node is clean. Stopped before the uninstall succeeded, it returns
+// the last error.
+func (a *Agent) UninstallAndHold(ctx context.Context) error {
+	a.setStatus(Status{Reason: "uninstalling detour from this node"})
+	backoff := time.Second
+	for {
+		err := a.Uninstall(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("stopped before detour was uninstalled: %w", err)
+		}
+		a.log.Error("uninstall failed; retrying", "retryIn", backoff, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("stopped before detour was uninstalled: %w", err)
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, time.Minute)
+	}
+	a.log.Info("detour is uninstalled from this node; holding until SIGTERM (--hold)")
+	<-ctx.Done()
+	a.log.Info("stopping")
+	return nil
 }

@@ -22,6 +22,7 @@ func newInstallCNICommand() *cobra.Command {
 	f := nodeagent.DefaultFlags()
 	var (
 		uninstall  bool
+		hold       bool
 		healthAddr string
 		kubeconfig string
 	)
@@ -33,16 +34,23 @@ detour-cni binary, a kubeconfig for it, and detour's entry at the end of the con
 uses; it puts the entry back whenever the primary rewrites its file, keeps the plugin's token fresh
 (requested for --plugin-service-account through the TokenRequest API, or else a copy of the agent's
 own), and once everything is in place removes the node's startup taint and labels the node
-detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall removes it.
-See docs/node-agent.md.`,
+detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall removes it, and
+with --hold stays up and ready afterwards. See docs/node-agent.md.`,
 		Example: `  # In the DaemonSet (host's /etc/cni/net.d and /opt/cni/bin mounted under /host), the plugin with
   # its own service account detour-cni in the agent's namespace:
   detour install-cni --node-name=$(NODE_NAME) --plugin-service-account=detour-cni
 
   # Remove detour from the node and exit:
-  detour install-cni --uninstall --node-name=$(NODE_NAME)`,
+  detour install-cni --uninstall --node-name=$(NODE_NAME)
+
+  # The chart's uninstall mode: remove detour, then stay ready until SIGTERM so that
+  # "kubectl rollout status" shows when every node is clean:
+  detour install-cni --uninstall --hold --node-name=$(NODE_NAME)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if hold && !uninstall {
+				return errors.New("--hold only applies with --uninstall: it keeps the agent running and ready after it removed detour from the node (the chart's uninstall mode); add --uninstall, or drop --hold")
+			}
 			cfg, err := f.Parse()
 			if err != nil {
 				return err
@@ -56,7 +64,7 @@ See docs/node-agent.md.`,
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", "install-cni", "node", cfg.NodeName)
 			agent := nodeagent.New(cfg, nodeagent.WithNodeClient(client), nodeagent.WithLogger(log))
-			if uninstall {
+			if uninstall && !hold {
 				if err := agent.Uninstall(cmd.Context()); err != nil {
 					return fmt.Errorf("uninstall: %w", err)
 				}
@@ -67,6 +75,12 @@ See docs/node-agent.md.`,
 				return err
 			}
 			defer stop()
+			if uninstall {
+				if err := agent.UninstallAndHold(cmd.Context()); err != nil {
+					return fmt.Errorf("uninstall: %w", err)
+				}
+				return nil
+			}
 			if cfg.PluginServiceAccount != "" {
 				log.Info("the plugin uses its own service account; requesting its token through the TokenRequest API",
 					"serviceAccount", cfg.PluginServiceAccountNamespace+"/"+cfg.PluginServiceAccount, "ttl", cfg.PluginTokenTTL)
@@ -100,6 +114,7 @@ See docs/node-agent.md.`,
 	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
 	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
+	fl.BoolVar(&hold, "hold", false, "with --uninstall: after removing everything, keep running and report ready on /readyz until SIGTERM (the chart's uninstall mode)")
 	return cmd
 }
 

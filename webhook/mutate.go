@@ -92,17 +92,6 @@ type Result struct {
 	Warnings []string
 }
 
-// Granted and Refused count the exemptions granted (by UID and GID) and refused.
-func (r Result) Granted(via Via) int {
-	n := 0
-	for _, d := range r.Decisions {
-		if d.Via == via {
-			n++
-		}
-	}
-	return n
-}
-
 // DenialError is a pod the webhook refuses to admit; Error says how to fix the pod.
 type DenialError struct{ Reasons []string }
 

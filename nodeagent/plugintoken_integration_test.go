@@ -344,6 +344,7 @@ func TestIntegrationInstallCNIPluginServiceAccountCommand(t *testing.T) {
 			}
 		}
 		_, body := getReadyz(addr)
+		t.Logf("/readyz: %s", body)
 		for _, want := range []string{"request a token for service account " + f.ns + "/detour-cni", "forbidden",
 			"needs create on serviceaccounts/token in namespace " + f.ns + " with resourceNames [detour-cni]"} {
 			if !strings.Contains(body, want) {

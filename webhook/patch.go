@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -156,6 +157,11 @@ func containerOps(path string, before, after []corev1.Container, raw func() ([]j
 		if reflect.DeepEqual(&before[i], &after[j]) {
 			continue
 		}
+		prefix := path + "/" + strconv.Itoa(j)
+		if sub, ok := fieldOps(prefix, reflect.ValueOf(&before[i]).Elem(), reflect.ValueOf(&after[j]).Elem(), 0); ok {
+			ops = append(ops, sub...)
+			continue
+		}
 		a, err1 := json.Marshal(&before[i])
 		b, err2 := json.Marshal(&after[j])
 		if err1 != nil || err2 != nil {
@@ -171,10 +177,89 @@ func containerOps(path string, before, after []corev1.Container, raw func() ([]j
 		if !ok {
 			return nil, false
 		}
-		prefix := path + "/" + strconv.Itoa(j)
 		for _, op := range sub {
 			op.Path = prefix + op.Path
 			ops = append(ops, op)
+		}
+	}
+	return ops, true
+}
+
+// field is a struct field and its JSON name.
+type field struct {
+	index     int
+	name      string
+	omitEmpty bool
+}
+
+var fieldsOf sync.Map // reflect.Type → []field
+
+func jsonFields(t reflect.Type) []field {
+	if f, ok := fieldsOf.Load(t); ok {
+		return f.([]field)
+	}
+	var fs []field
+	for i := range t.NumField() {
+		sf := t.Field(i)
+		name, opts, _ := strings.Cut(sf.Tag.Get("json"), ",")
+		if !sf.IsExported() || name == "-" || name == "" {
+			fs = nil
+			break // embedded or untagged fields: not handled here
+		}
+		fs = append(fs, field{index: i, name: name, omitEmpty: strings.Contains(opts, "omitempty")})
+	}
+	fieldsOf.Store(t, fs)
+	return fs
+}
+
+func isScalar(k reflect.Kind) bool {
+	switch k {
+	case reflect.String, reflect.Bool, reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Float32, reflect.Float64:
+		return true
+	}
+	return false
+}
+
+// fieldOps diffs two values of a struct type field by field, without any JSON, when every
+// difference is one whose place in the raw JSON the typed values alone tell: a pointer that
+// was nil (absent or null in raw: add the new value whole) or becomes nil (remove it), a
+// scalar (add, which replaces), or a pointer to a struct whose fields differ only so (depth
+// one level). Anything else (slices, maps, struct values, deeper structs) reports ok false,
+// and the caller diffs the JSON against the raw container instead.
+func fieldOps(prefix string, a, b reflect.Value, depth int) ([]jsonpatch.JsonPatchOperation, bool) {
+	fs := jsonFields(a.Type())
+	if fs == nil {
+		return nil, false
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	for _, f := range fs {
+		fa, fb := a.Field(f.index), b.Field(f.index)
+		if reflect.DeepEqual(fa.Interface(), fb.Interface()) {
+			continue
+		}
+		path := prefix + "/" + escape(f.name)
+		switch {
+		case fa.Kind() == reflect.Pointer && fa.IsNil():
+			ops = append(ops, jsonpatch.NewOperation("add", path, fb.Interface()))
+		case fa.Kind() == reflect.Pointer && fb.IsNil():
+			ops = append(ops, jsonpatch.NewOperation("remove", path, nil))
+		case fa.Kind() == reflect.Pointer && isScalar(fa.Elem().Kind()):
+			ops = append(ops, jsonpatch.NewOperation("add", path, fb.Interface()))
+		case fa.Kind() == reflect.Pointer && fa.Elem().Kind() == reflect.Struct && depth == 0:
+			sub, ok := fieldOps(path, fa.Elem(), fb.Elem(), depth+1)
+			if !ok {
+				return nil, false
+			}
+			ops = append(ops, sub...)
+		case isScalar(fa.Kind()):
+			if f.omitEmpty && fb.IsZero() {
+				ops = append(ops, jsonpatch.NewOperation("remove", path, nil)) // a's value is set: raw has it
+			} else {
+				ops = append(ops, jsonpatch.NewOperation("add", path, fb.Interface()))
+			}
+		default:
+			return nil, false
 		}
 	}
 	return ops, true

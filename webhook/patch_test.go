@@ -29,7 +29,9 @@ func TestFieldOps(t *testing.T) {
 		{"change the image", func(c *corev1.Container) { c.Image = "i:2" }, false},
 		{"clear workingDir", func(c *corev1.Container) { c.WorkingDir = "" }, false},
 		{"set restartPolicy", func(c *corev1.Container) { c.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways) }, false},
-		{"add capabilities", func(c *corev1.Container) { c.SecurityContext.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}} }, false},
+		{"add capabilities", func(c *corev1.Container) {
+			c.SecurityContext.Capabilities = &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}}
+		}, false},
 		{"add env (a slice)", func(c *corev1.Container) { c.Env = []corev1.EnvVar{{Name: "A", Value: "1"}} }, true},
 		{"change resources (a struct value)", func(c *corev1.Container) { c.Resources.Claims = []corev1.ResourceClaim{{Name: "x"}} }, true},
 	} {

@@ -98,7 +98,7 @@ func run(ctx context.Context) error {
 
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "detour webhook under load: %d-byte AdmissionReview (3 init containers, 2 containers), TLS, HTTP/1.1 keep-alive, GOMAXPROCS of the client %d\n", len(body), runtimeProcs())
-	fmt.Fprintln(tw, "phase\tconcurrency\trate\trequests\terrors\tthroughput/s\tp50\tp99\tmax\twebhook CPU/admission")
+	fmt.Fprintln(tw, "phase\tconcurrency\trate\trequests\terrors\tthroughput/s\tp50\tp99\tmax\twebhook CPU/admission\tclient CPU/request")
 	for _, phase := range []struct {
 		name string
 		rate int
@@ -106,6 +106,7 @@ func run(ctx context.Context) error {
 		o := base
 		o.Rate, o.Duration = phase.rate, f.duration
 		cpu0, _ := cpuTime(pid)
+		self0, _ := load.CPUTime(os.Getpid())
 		r, err := load.Run(ctx, o)
 		if err != nil {
 			return err
@@ -114,12 +115,16 @@ func run(ctx context.Context) error {
 		if cpu1, err := cpuTime(pid); err == nil && cpu1 > 0 && r.Requests > 0 {
 			cpu = fmt.Sprintf("%.0fµs", float64(cpu1-cpu0)/float64(r.Requests)/float64(time.Microsecond))
 		}
+		self := "-"
+		if self1, err := load.CPUTime(os.Getpid()); err == nil && r.Requests > 0 {
+			self = fmt.Sprintf("%.0fµs", float64(self1-self0)/float64(r.Requests)/float64(time.Microsecond))
+		}
 		rate := "max"
 		if phase.rate > 0 {
 			rate = strconv.Itoa(phase.rate) + "/s"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\n", phase.name, f.concurrency, rate, r.Requests, r.Errors,
-			r.Throughput(), ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.Percentile(100)), cpu)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t%s\n", phase.name, f.concurrency, rate, r.Requests, r.Errors,
+			r.Throughput(), ms(r.Percentile(50)), ms(r.Percentile(99)), ms(r.Percentile(100)), cpu, self)
 		if r.Errors > 0 {
 			fmt.Fprintf(tw, "  first error: %s\n", r.FirstError)
 		}

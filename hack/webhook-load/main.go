@@ -88,6 +88,9 @@ func run(ctx context.Context) error {
 	}
 	base := load.Options{URL: url, CA: ca, Body: body, Concurrency: f.concurrency}
 
+	if err := load.Check(ctx, base); err != nil {
+		return fmt.Errorf("the first request: %w", err)
+	}
 	warm := base
 	warm.Duration = f.warmup
 	if r, err := load.Run(ctx, warm); err != nil {

@@ -238,21 +238,55 @@ func send(client *http.Client, url string, body []byte) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("HTTP %d: %s", resp.StatusCode, b)
 	}
-	// Only what the check needs: decoding the whole review would cost the client more CPU than
-	// some servers spend on it.
-	var review struct {
-		Response *struct {
-			Allowed bool            `json:"allowed"`
-			Patch   json.RawMessage `json:"patch"`
-		} `json:"response"`
+	if bytes.Contains(b, []byte(`"allowed":true`)) && bytes.Contains(b, []byte(`"patch":"`)) {
+		return nil
 	}
+	var review admissionv1.AdmissionReview
 	if err := json.Unmarshal(b, &review); err != nil {
 		return fmt.Errorf("decode the response: %w", err)
 	}
-	if r := review.Response; r == nil || !r.Allowed || len(r.Patch) < 3 {
-		return fmt.Errorf("the webhook did not inject the pod: %s", b)
+	return fmt.Errorf("the webhook did not inject the pod: %s", b)
+}
+
+// Check sends one review and decodes the whole response: allowed, a JSON patch that parses,
+// and the injected marker among its operations. Run checks less (allowed, and a patch), to
+// leave the CPU to the webhook.
+func Check(ctx context.Context, o Options) error {
+	client, err := Client(o)
+	if err != nil {
+		return err
 	}
-	return nil
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, o.URL, bytes.NewReader(o.Body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	var review admissionv1.AdmissionReview
+	if err := json.NewDecoder(resp.Body).Decode(&review); err != nil {
+		return fmt.Errorf("decode the response: %w", err)
+	}
+	r := review.Response
+	if r == nil || !r.Allowed || r.PatchType == nil || *r.PatchType != admissionv1.PatchTypeJSONPatch {
+		return fmt.Errorf("the webhook did not patch the pod: %+v", r)
+	}
+	var ops []struct {
+		Op   string `json:"op"`
+		Path string `json:"path"`
+	}
+	if err := json.Unmarshal(r.Patch, &ops); err != nil {
+		return fmt.Errorf("decode the patch: %w", err)
+	}
+	for _, op := range ops {
+		if op.Path == "/metadata/annotations/detour.dev~1injected" {
+			return nil
+		}
+	}
+	return fmt.Errorf("the patch does not mark the pod injected: %s", r.Patch)
 }
 
 // PeakRSS returns the peak resident set size (VmHWM) of process pid, in bytes.

@@ -55,6 +55,18 @@ func TestRun(t *testing.T) {
 	}
 }
 
+func TestCheck(t *testing.T) {
+	good, _ := fakeWebhook(t, `{"response":{"uid":"0","allowed":true,"patchType":"JSONPatch","patch":"`+
+		"W3sib3AiOiJhZGQiLCJwYXRoIjoiL21ldGFkYXRhL2Fubm90YXRpb25zL2RldG91ci5kZXZ+MWluamVjdGVkIiwidmFsdWUiOiJ2MSJ9XQ=="+`"}}`)
+	if err := Check(context.Background(), options(good)); err != nil {
+		t.Errorf("Check of a good response: %v", err)
+	}
+	noMarker, _ := fakeWebhook(t, `{"response":{"uid":"0","allowed":true,"patchType":"JSONPatch","patch":"W10="}}`)
+	if err := Check(context.Background(), options(noMarker)); err == nil || !strings.Contains(err.Error(), "does not mark the pod injected") {
+		t.Errorf("Check of a patch without the marker: %v", err)
+	}
+}
+
 func TestRunCountsRefusals(t *testing.T) {
 	srv, _ := fakeWebhook(t, `{"response":{"uid":"0","allowed":false,"status":{"message":"no"}}}`)
 	r, err := Run(context.Background(), options(srv))

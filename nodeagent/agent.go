@@ -385,11 +385,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer token.Stop()
 	reconcile := func() {
 		a.reconcileAndLog(ctx)
-		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry.
+		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry. A time
+		// already past means this reconcile stopped before the token (no primary yet, say):
+		// the resync and file events cover that, and a timer of zero would spin.
 		token.Stop()
 		if a.tokens != nil {
 			if at, ok := a.tokens.next(); ok {
-				token.Reset(max(at.Sub(a.now()), 0))
+				if wait := at.Sub(a.now()); wait > 0 {
+					token.Reset(wait)
+				}
 			}
 		}
 	}

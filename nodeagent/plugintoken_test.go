@@ -337,3 +337,37 @@ func TestPluginServiceAccountFlags(t *testing.T) {
 		t.Errorf("no namespace file: %v", err)
 	}
 }
+
+// A token due for refresh while the reconcile cannot reach it (the primary is gone) does not
+// make Run spin: it waits for the next event or resync.
+func TestRunTokenDueWithoutPrimaryDoesNotSpin(t *testing.T) {
+	client := fake.NewClientset()
+	api := &tokenAPI{clock: time.Now}
+	api.install(client)
+	e := pluginSAEnv(t)
+	e.flags.PluginTokenTTL = 10 * time.Minute
+	e.flags.Resync = time.Hour
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	var mu sync.Mutex
+	calls := 0
+	now := func() time.Time { mu.Lock(); calls++; mu.Unlock(); return time.Now() }
+	// The token is due after 600ms.
+	a := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithTokenRefreshFraction(0.001), nodeagent.WithClock(now))
+	run(t, a)
+	eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
+	os.Remove(primary)
+	eventually(t, "the agent sees the primary gone", func() bool { _, r := a.Ready(); return strings.Contains(r, "waiting for the primary") })
+	mu.Lock()
+	before := calls
+	mu.Unlock()
+	time.Sleep(time.Second) // past the refresh time
+	mu.Lock()
+	defer mu.Unlock()
+	if calls-before > 50 {
+		t.Errorf("the agent read its clock %d times in a second without a primary: it spins", calls-before)
+	}
+	if api.calls() != 1 {
+		t.Errorf("%d token requests without a primary, want only the first", api.calls())
+	}
+}

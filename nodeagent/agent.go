@@ -105,7 +105,8 @@ func New(cfg Config, opts ...Option) *Agent {
 type Status struct {
 	// Primary is the runtime's network configuration file, empty while there is none.
 	Primary string
-	// ConfigInPlace: the primary holds detour's entry, and the binary and kubeconfig exist.
+	// ConfigInPlace: the primary holds detour's entry, the binary and kubeconfig exist, and the
+	// plugin's token is written (and, when requested for its own service account, unexpired).
 	ConfigInPlace bool
 	// NodeReady: the startup taint is gone and the ready label set (always false without a
 	// node client).

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -545,4 +546,84 @@ func equalJSON(t *testing.T, a, b any) bool {
 		return false
 	}
 	return true
+}
+
+// With --cert-secret the webhook makes its own CA and certificate, serves it, and sets the
+// caBundle of its webhook configuration.
+func TestIntegrationSelfManagedCertificates(t *testing.T) {
+	restCfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(restCfg)
+	ctx := context.Background()
+	ns, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "detour-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "https://detour-webhook.invalid" + webhook.MutatePath
+	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "detour-selfcert-"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{{
+			Name: "pods.detour.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
+			// Matches nothing: this test only checks the caBundle.
+			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"never": "matches"}},
+			Rules:                   []admissionregistrationv1.RuleWithOperations{podCreate()},
+			SideEffects:             ptr(admissionregistrationv1.SideEffectClassNone),
+			AdmissionReviewVersions: []string{"v1"},
+		}},
+	}
+	if mwc, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := webhook.ParseConfig([]byte("proxy: {image: p}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, health := freeAddr(t), freeAddr(t)
+	host, portStr, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portStr)
+	certDir := filepath.Join(t.TempDir(), "tls")
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		done <- webhook.Run(runCtx, webhook.Options{
+			Config: cfg, RESTConfig: restCfg, Host: host, Port: port, CertDir: certDir,
+			MetricsAddr: "0", HealthAddr: health, OwnNamespace: ns.Name,
+			CertSecret: "detour-webhook-tls", ServiceName: "detour-webhook", WebhookConfiguration: mwc.Name,
+		})
+	}()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("webhook.Run: %v", err)
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := http.Get("http://" + health + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after 30s: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	got, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, mwc.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(got.Webhooks[0].ClientConfig.CABundle) {
+		t.Fatalf("the caBundle was not set: %q", got.Webhooks[0].ClientConfig.CABundle)
+	}
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pool, ServerName: "detour-webhook." + ns.Name + ".svc"})
+	if err != nil {
+		t.Fatalf("the served certificate does not verify against the caBundle for the service name: %v", err)
+	}
+	conn.Close()
+	if _, err := client.CoreV1().Secrets(ns.Name).Get(ctx, "detour-webhook-tls", metav1.GetOptions{}); err != nil {
+		t.Errorf("the certificate secret: %v", err)
+	}
 }

@@ -1,12 +1,14 @@
 package webhook
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
@@ -42,6 +45,11 @@ type Options struct {
 	// CertDir holds the serving certificate and key (CertName, KeyName; default tls.crt and
 	// tls.key). The files are watched: a rotated certificate is served without a restart.
 	CertDir, CertName, KeyName string
+	// CertSecret, when set, makes the webhook keep its own CA and serving certificate in this
+	// Secret of OwnNamespace, valid for ServiceName, and keep the caBundle of the
+	// MutatingWebhookConfiguration WebhookConfiguration current (see [Certificates]). Without
+	// it, the certificate in CertDir comes from elsewhere (cert-manager, a mounted Secret).
+	CertSecret, ServiceName, WebhookConfiguration string
 	// MetricsAddr serves /metrics over HTTP (default ":8080"; "0" disables it).
 	MetricsAddr string
 	// HealthAddr serves /healthz and /readyz over HTTP (default ":8081").
@@ -145,6 +153,30 @@ func Run(ctx context.Context, o Options) error {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
 
+	var certs *Certificates
+	if o.CertSecret != "" {
+		if o.OwnNamespace == "" || o.ServiceName == "" {
+			return errors.New("run webhook: a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
+		}
+		if err := os.MkdirAll(o.CertDir, 0o700); err != nil {
+			return fmt.Errorf("run webhook: %w", err)
+		}
+		cs, err := kubernetes.NewForConfig(o.RESTConfig)
+		if err != nil {
+			return fmt.Errorf("run webhook: %w", err)
+		}
+		certs = &Certificates{
+			Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
+			WebhookConfiguration: o.WebhookConfiguration,
+			CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
+			Log: log.With("component", "certificates"),
+		}
+		// The server reads the files when it starts, so they must be there first.
+		if err := certs.Ensure(ctx); err != nil {
+			return fmt.Errorf("run webhook: %w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
+		}
+	}
+
 	metricsAddr := o.MetricsAddr
 	if metricsAddr == "" {
 		metricsAddr = ":8080"
@@ -191,6 +223,11 @@ func Run(ctx context.Context, o Options) error {
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base },
 	})
 
+	if certs != nil {
+		if err := mgr.Add(manager.RunnableFunc(certs.Run)); err != nil {
+			return fmt.Errorf("run webhook: %w", err)
+		}
+	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}

@@ -1,0 +1,348 @@
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
+)
+
+// Keys of the certificate Secret.
+const (
+	SecretCACert = "ca.crt"
+	SecretCAKey  = "ca.key"
+	SecretCert   = corev1.TLSCertKey       // tls.crt
+	SecretKey    = corev1.TLSPrivateKeyKey // tls.key
+)
+
+// Lifetimes of the self-managed certificates, and when they are renewed.
+const (
+	caLifetime        = 10 * 365 * 24 * time.Hour
+	servingLifetime   = 365 * 24 * time.Hour
+	caRenewBefore     = 365 * 24 * time.Hour
+	servingRenewAfter = 2 * servingLifetime / 3
+	certResync        = 10 * time.Minute
+)
+
+// Certificates keeps the webhook's own CA and serving certificate (the Helm chart's
+// certificates.mode "detour", which needs no cert-manager): they live in one Secret shared by
+// every replica; each replica writes the serving pair into its certificate directory, where the
+// server's watcher picks it up, and keeps the MutatingWebhookConfiguration's caBundle current.
+// The serving certificate is renewed after two thirds of its year, the CA a year before it
+// expires (the caBundle then holds both CAs until the old one expires).
+type Certificates struct {
+	Client kubernetes.Interface
+	// Namespace and SecretName name the Secret.
+	Namespace, SecretName string
+	// ServiceName is the webhook's Service; the certificate is valid for its DNS names.
+	ServiceName string
+	// WebhookConfiguration is the MutatingWebhookConfiguration whose caBundle is kept current.
+	WebhookConfiguration string
+	// CertDir, CertName and KeyName are where the serving pair is written.
+	CertDir, CertName, KeyName string
+	Log                        *slog.Logger
+
+	now func() time.Time
+}
+
+func (c *Certificates) clock() time.Time {
+	if c.now != nil {
+		return c.now()
+	}
+	return time.Now()
+}
+
+// DNSNames are the names the serving certificate is valid for.
+func (c *Certificates) DNSNames() []string {
+	s, ns := c.ServiceName, c.Namespace
+	return []string{s, s + "." + ns, s + "." + ns + ".svc", s + "." + ns + ".svc.cluster.local"}
+}
+
+// Ensure makes the Secret hold a valid CA and serving certificate (creating or renewing them),
+// writes the serving pair to the certificate directory when it changed, and sets the
+// caBundle of every webhook of the configuration.
+func (c *Certificates) Ensure(ctx context.Context) error {
+	var secret *corev1.Secret
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := c.Client.CoreV1().Secrets(c.Namespace).Get(ctx, c.SecretName, metav1.GetOptions{})
+		exists := err == nil
+		switch {
+		case apierrors.IsNotFound(err):
+			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: c.SecretName, Namespace: c.Namespace,
+				Labels: map[string]string{PartOfLabel: PartOfValue}}, Type: corev1.SecretTypeOpaque}
+		case err != nil:
+			return fmt.Errorf("read secret %s/%s: %w", c.Namespace, c.SecretName, err)
+		}
+		changed, err := c.renew(s)
+		if err != nil {
+			return err
+		}
+		switch {
+		case !changed:
+			secret = s
+			return nil
+		case !exists:
+			if secret, err = c.Client.CoreV1().Secrets(c.Namespace).Create(ctx, s, metav1.CreateOptions{}); apierrors.IsAlreadyExists(err) {
+				// Another replica created it first: read theirs.
+				return apierrors.NewConflict(corev1.Resource("secrets"), c.SecretName, err)
+			}
+		default:
+			secret, err = c.Client.CoreV1().Secrets(c.Namespace).Update(ctx, s, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			c.Log.Info("renewed the webhook certificate", "secret", c.Namespace+"/"+c.SecretName)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("keep the webhook certificate in secret %s/%s: %w", c.Namespace, c.SecretName, err)
+	}
+	if err := c.writeFiles(secret); err != nil {
+		return err
+	}
+	return c.setCABundle(ctx, secret.Data[SecretCACert])
+}
+
+// renew fills in or renews the certificates in s; it reports whether it changed anything.
+func (c *Certificates) renew(s *corev1.Secret) (bool, error) {
+	now := c.clock()
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	caCerts := parseCerts(s.Data[SecretCACert])
+	caKey := parseKey(s.Data[SecretCAKey])
+	changed := false
+	if len(caCerts) == 0 || caKey == nil || now.Add(caRenewBefore).After(caCerts[0].NotAfter) || !sameKey(caCerts[0], caKey) {
+		ca, key, err := newCA(now)
+		if err != nil {
+			return false, err
+		}
+		bundle := pemCert(ca)
+		// Keep trusting the previous CA while certificates it signed may still be served.
+		if len(caCerts) > 0 && now.Before(caCerts[0].NotAfter) {
+			bundle = append(bundle, pemCert(caCerts[0])...)
+		}
+		s.Data[SecretCACert], s.Data[SecretCAKey] = bundle, pemKey(key)
+		caCerts, caKey = []*x509.Certificate{ca}, key
+		changed = true
+	}
+	serving := parseCerts(s.Data[SecretCert])
+	if changed || len(serving) == 0 || parseKey(s.Data[SecretKey]) == nil ||
+		now.After(serving[0].NotBefore.Add(servingRenewAfter)) || now.After(serving[0].NotAfter) ||
+		!slices.Equal(serving[0].DNSNames, c.DNSNames()) || serving[0].CheckSignatureFrom(caCerts[0]) != nil {
+		cert, key, err := newServing(now, caCerts[0], caKey, c.DNSNames())
+		if err != nil {
+			return false, err
+		}
+		s.Data[SecretCert], s.Data[SecretKey] = pemCert(cert), pemKey(key)
+		changed = true
+	}
+	return changed, nil
+}
+
+// writeFiles writes the serving pair into the certificate directory, atomically and only when
+// it changed.
+func (c *Certificates) writeFiles(s *corev1.Secret) error {
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{c.KeyName, s.Data[SecretKey]}, {c.CertName, s.Data[SecretCert]}} {
+		path := filepath.Join(c.CertDir, f.name)
+		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, f.data) {
+			continue
+		}
+		if err := writeAtomic(path, f.data); err != nil {
+			return fmt.Errorf("write the webhook certificate: %w", err)
+		}
+	}
+	return nil
+}
+
+func writeAtomic(path string, data []byte) error {
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// setCABundle sets caBundle on every webhook of the configuration that lacks it.
+func (c *Certificates) setCABundle(ctx context.Context, bundle []byte) error {
+	if c.WebhookConfiguration == "" {
+		return nil
+	}
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		mwc, err := c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, c.WebhookConfiguration, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		changed := false
+		for i := range mwc.Webhooks {
+			if !bytes.Equal(mwc.Webhooks[i].ClientConfig.CABundle, bundle) {
+				mwc.Webhooks[i].ClientConfig.CABundle = bundle
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		_, err = c.Client.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{})
+		if err == nil {
+			c.Log.Info("set the caBundle of the webhook configuration", "configuration", c.WebhookConfiguration)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("set the caBundle of MutatingWebhookConfiguration %s: %w", c.WebhookConfiguration, err)
+	}
+	return nil
+}
+
+// Run ensures the certificates every resync period until ctx ends; failures are logged and
+// retried at the next period (the certificate in use stays valid for months).
+func (c *Certificates) Run(ctx context.Context) error {
+	t := time.NewTicker(certResync)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			if err := c.Ensure(ctx); err != nil && ctx.Err() == nil {
+				c.Log.Error("keep the webhook certificate", "error", err)
+			}
+		}
+	}
+}
+
+func serial() (*big.Int, error) {
+	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+}
+
+func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          sn,
+		Subject:               pkix.Name{CommonName: "detour webhook CA"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(caLifetime),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the webhook CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func newServing(now time.Time, ca *x509.Certificate, caKey *ecdsa.PrivateKey, names []string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn,
+		Subject:      pkix.Name{CommonName: names[0]},
+		DNSNames:     names,
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(servingLifetime),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the webhook serving certificate: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	return cert, key, err
+}
+
+func pemCert(c *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})
+}
+
+func pemKey(k *ecdsa.PrivateKey) []byte {
+	der, err := x509.MarshalECPrivateKey(k)
+	if err != nil {
+		panic(err) // a P-256 key always marshals
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+}
+
+func parseCerts(b []byte) []*x509.Certificate {
+	var out []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, b = pem.Decode(b)
+		if block == nil {
+			return out
+		}
+		if c, err := x509.ParseCertificate(block.Bytes); err == nil {
+			out = append(out, c)
+		}
+	}
+}
+
+func parseKey(b []byte) *ecdsa.PrivateKey {
+	block, _ := pem.Decode(b)
+	if block == nil {
+		return nil
+	}
+	k, err := x509.ParseECPrivateKey(block.Bytes)
+	if err != nil {
+		return nil
+	}
+	return k
+}
+
+func sameKey(c *x509.Certificate, k *ecdsa.PrivateKey) bool {
+	pub, ok := c.PublicKey.(*ecdsa.PublicKey)
+	return ok && pub.Equal(&k.PublicKey)
+}

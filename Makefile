@@ -69,3 +69,7 @@ bench-webhook: build
 demo: build
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) go run ./cmd/detour-demo
+
+# Regenerate manifests/install.yaml from the chart (a test fails when they drift apart).
+manifests:
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) go test ./manifests -run TestInstallYAMLMatchesChart -update -count 1

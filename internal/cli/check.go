@@ -74,7 +74,9 @@ type checker struct {
 	failed int
 }
 
-func (c *checker) ok(format string, args ...any) { fmt.Fprintf(c.out, "✓ %s\n", fmt.Sprintf(format, args...)) }
+func (c *checker) ok(format string, args ...any) {
+	fmt.Fprintf(c.out, "✓ %s\n", fmt.Sprintf(format, args...))
+}
 
 func (c *checker) fail(format string, args ...any) {
 	c.failed++

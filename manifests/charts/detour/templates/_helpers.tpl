@@ -1,0 +1,41 @@
+{{/* Common labels of every object. */}}
+{{- define "detour.labels" -}}
+app.kubernetes.io/name: detour
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ .Chart.Name }}-{{ .Chart.Version }}
+{{- end }}
+
+{{/* Selector labels of one component: include with (list $ "webhook"). */}}
+{{- define "detour.selector" -}}
+app.kubernetes.io/name: detour
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "detour.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{/* The webhook configuration file: the values' config, with the validator image defaulted
+to detour's own image. */}}
+{{- define "detour.webhookConfig" -}}
+{{- $config := deepCopy .Values.webhook.config -}}
+{{- $validator := default (dict) $config.validator -}}
+{{- if not $validator.image -}}
+{{- $_ := set $validator "image" (include "detour.image" .) -}}
+{{- end -}}
+{{- $_ := set $config "validator" $validator -}}
+{{- toYaml $config -}}
+{{- end }}
+
+{{- define "detour.pluginEntryFlags" -}}
+- --api-timeout={{ .Values.nodeAgent.plugin.apiTimeout }}
+- --iptables-backend={{ .Values.nodeAgent.plugin.iptablesBackend }}
+- --log-level={{ .Values.nodeAgent.plugin.logLevel }}
+{{- with .Values.nodeAgent.plugin.logFile }}
+- --log-file={{ . }}
+{{- end }}
+- --exclude-namespaces={{ join "," .Values.nodeAgent.plugin.excludeNamespaces }}
+{{- end }}

@@ -1,0 +1,359 @@
+// Package manifests_test checks the Helm chart and the rendered bundle: helm lint and template
+// for several value sets, no drift between the chart and install.yaml, agreement with the code
+// (mutate path, flags, webhook configuration), and — against the real local API server — that
+// every object is accepted (server-side dry-run) and that RBAC grants each component exactly
+// what it needs.
+package manifests_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/restmapper"
+	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/internal/cli"
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/webhook"
+)
+
+var update = flag.Bool("update", false, "regenerate install.yaml from the chart")
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+const (
+	chart     = "charts/detour"
+	namespace = "detour-system"
+)
+
+// valueSets are the configurations the tests render.
+var valueSets = map[string][]string{
+	"default":      nil,
+	"cert-manager": {"webhook.certificates.mode=cert-manager"},
+	"uninstall":    {"nodeAgent.uninstall=true", "nodeAgent.repair.enabled=false"},
+	"strict":       {"webhook.failurePolicy=Fail", "webhook.replicas=3", "webhook.config.conflictPolicy=deny", "nodeAgent.plugin.logFile=/var/log/detour-cni.log"},
+}
+
+func helm(t *testing.T, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(testenv.Binary(t, "helm"), args...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s%s", strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out
+}
+
+func render(t *testing.T, sets []string) []byte {
+	t.Helper()
+	args := []string{"template", "detour", chart, "--namespace", namespace}
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	return helm(t, args...)
+}
+
+// objects splits a rendered stream into objects.
+func objects(t *testing.T, rendered []byte) []*unstructured.Unstructured {
+	t.Helper()
+	var out []*unstructured.Unstructured
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			return out
+		} else if err != nil {
+			t.Fatalf("decode rendered manifests: %v", err)
+		}
+		if o != nil {
+			out = append(out, &unstructured.Unstructured{Object: o})
+		}
+	}
+}
+
+func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, into any) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			b, _ := o.MarshalJSON()
+			if err := yaml.Unmarshal(b, into); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s %s in the rendered manifests", kind, name)
+}
+
+func TestHelmLintAndTemplate(t *testing.T) {
+	for name, sets := range valueSets {
+		t.Run(name, func(t *testing.T) {
+			args := []string{"lint", "--strict", chart}
+			for _, s := range sets {
+				args = append(args, "--set", s)
+			}
+			helm(t, args...)
+			objs := objects(t, render(t, sets))
+			if len(objs) < 10 {
+				t.Fatalf("rendered only %d objects", len(objs))
+			}
+
+			// The webhook's configuration in the ConfigMap is one the real webhook accepts.
+			var cm corev1.ConfigMap
+			find(t, objs, "ConfigMap", "detour-webhook", &cm)
+			if _, err := webhook.ParseConfig([]byte(cm.Data["config.yaml"])); err != nil {
+				t.Errorf("the chart's webhook configuration is rejected by the webhook: %v\n%s", err, cm.Data["config.yaml"])
+			}
+
+			var ds appsv1.DaemonSet
+			find(t, objs, "DaemonSet", "detour-node-agent", &ds)
+			for _, c := range ds.Spec.Template.Spec.Containers {
+				checkFlags(t, c)
+			}
+			if name == "uninstall" {
+				// Uninstall mode removes detour from the nodes and injects nothing meanwhile.
+				if slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "MutatingWebhookConfiguration" }) {
+					t.Error("uninstall mode must not register the webhook")
+				}
+				if args := ds.Spec.Template.Spec.Containers[0].Args; !slices.Contains(args, "--uninstall") || !slices.Contains(args, "--hold") {
+					t.Errorf("uninstall mode runs install-cni with %v, want --uninstall --hold", args)
+				}
+				return
+			}
+
+			// The MutatingWebhookConfiguration calls the path the code serves.
+			var mwc admissionv1.MutatingWebhookConfiguration
+			find(t, objs, "MutatingWebhookConfiguration", "detour", &mwc)
+			wh := mwc.Webhooks[0]
+			if got := *wh.ClientConfig.Service.Path; got != webhook.MutatePath {
+				t.Errorf("the chart's webhook path %q is not webhook.MutatePath %q", got, webhook.MutatePath)
+			}
+			if *wh.ReinvocationPolicy != admissionv1.IfNeededReinvocationPolicy || *wh.SideEffects != admissionv1.SideEffectClassNone {
+				t.Errorf("reinvocationPolicy %v, sideEffects %v", *wh.ReinvocationPolicy, *wh.SideEffects)
+			}
+			excluded := wh.NamespaceSelector.MatchExpressions[0].Values
+			if !slices.Contains(excluded, namespace) || !slices.Contains(excluded, "kube-system") {
+				t.Errorf("the namespaceSelector must exclude %s and kube-system: %v", namespace, excluded)
+			}
+
+			// Every flag the chart passes exists in the command it runs.
+			var deploy appsv1.Deployment
+			find(t, objs, "Deployment", "detour-webhook", &deploy)
+			for _, c := range deploy.Spec.Template.Spec.Containers {
+				checkFlags(t, c)
+			}
+		})
+	}
+	var def appsv1.Deployment
+	find(t, objects(t, render(t, nil)), "Deployment", "detour-webhook", &def)
+	if *def.Spec.Replicas != 2 || def.Spec.Template.Spec.Affinity.PodAntiAffinity == nil ||
+		!*def.Spec.Template.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem || !*def.Spec.Template.Spec.SecurityContext.RunAsNonRoot {
+		t.Error("the webhook Deployment must run 2 non-root replicas with anti-affinity and a read-only root filesystem")
+	}
+}
+
+// checkFlags fails when a container passes a flag its detour subcommand does not define.
+func checkFlags(t *testing.T, c corev1.Container) {
+	t.Helper()
+	cmd, _, err := cli.NewRoot().Find(c.Args)
+	if err != nil || cmd.Name() != c.Args[0] {
+		t.Errorf("container %s runs an unknown command %q: %v", c.Name, c.Args, err)
+		return
+	}
+	for _, a := range c.Args[1:] {
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if !strings.HasPrefix(a, "--") || cmd.Flags().Lookup(name) == nil {
+			t.Errorf("container %s passes %q, which `detour %s` does not define", c.Name, a, cmd.Name())
+		}
+	}
+}
+
+// install.yaml is the default rendering; `make manifests` regenerates it.
+func TestInstallYAMLMatchesChart(t *testing.T) {
+	want := append([]byte(installHeader), render(t, nil)...)
+	if *update {
+		if err := os.WriteFile("install.yaml", want, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := os.ReadFile("install.yaml")
+	if err != nil {
+		t.Fatalf("%v (run make manifests)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("manifests/install.yaml differs from the chart's default rendering; run make manifests")
+	}
+}
+
+const installHeader = `# detour — the rendered kubectl-apply bundle: the Helm chart in manifests/charts/detour with its
+# default values and namespace detour-system. Generated by make manifests; do not edit.
+#   kubectl apply -f manifests/install.yaml
+`
+
+// Every rendered object is accepted by the real API server (server-side dry-run), for every
+// value set; cert-manager's kinds are only checked to be the ones that need its CRDs.
+func TestIntegrationServerSideDryRun(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
+	ctx := context.Background()
+	dryRun := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldValidation: "Strict"}
+	// The Namespace is dry-run first, then created: the other objects are dry-run into it.
+	var ns *unstructured.Unstructured
+	for _, o := range objects(t, render(t, nil)) {
+		if o.GetKind() == "Namespace" {
+			ns = o
+		}
+	}
+	nsAPI := dyn.Resource(corev1.SchemeGroupVersion.WithResource("namespaces"))
+	if _, err := nsAPI.Create(ctx, ns, dryRun); err != nil {
+		t.Fatalf("the API server rejects the Namespace: %v", err)
+	}
+	if _, err := nsAPI.Create(ctx, ns, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for name, sets := range valueSets {
+		t.Run(name, func(t *testing.T) {
+			for _, o := range objects(t, render(t, sets)) {
+				if o.GetKind() == "Namespace" {
+					continue
+				}
+				gvk := o.GroupVersionKind()
+				m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+				if meta.IsNoMatchError(err) && gvk.Group == "cert-manager.io" {
+					continue // needs cert-manager's CRDs, which this API server does not have
+				}
+				if err != nil {
+					t.Errorf("%s %s: %v", gvk.Kind, o.GetName(), err)
+					continue
+				}
+				var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+				if m.Scope.Name() == meta.RESTScopeNameNamespace {
+					ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+				}
+				if _, err := ri.Create(ctx, o, dryRun); err != nil {
+					t.Errorf("the API server rejects %s %s/%s: %v", gvk.Kind, o.GetNamespace(), o.GetName(), err)
+				}
+			}
+		})
+	}
+}
+
+// RBAC gives each component what it needs and nothing near what it must not have.
+func TestIntegrationRBAC(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	ns := "rbac-check"
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false"}
+	for _, o := range objects(t, helm(t, args...)) {
+		switch o.GetKind() {
+		case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			b, _ := o.MarshalJSON()
+			if err := createRBAC(ctx, client, o.GetKind(), b); err != nil {
+				t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
+	type check struct {
+		sa                            string
+		verb, resource, sub, name, ns string
+		allowed                       bool
+	}
+	for _, c := range []check{
+		{sa: "detour-node-agent", verb: "patch", resource: "nodes", allowed: true},
+		{sa: "detour-node-agent", verb: "delete", resource: "pods", ns: "shop", allowed: true},
+		{sa: "detour-node-agent", verb: "watch", resource: "pods", ns: "shop", allowed: true},
+		{sa: "detour-node-agent", verb: "create", resource: "events", ns: "shop", allowed: true},
+		{sa: "detour-node-agent", verb: "create", resource: "serviceaccounts", sub: "token", name: "detour-cni", ns: ns, allowed: true},
+		{sa: "detour-node-agent", verb: "create", resource: "serviceaccounts", sub: "token", name: "detour-webhook", ns: ns, allowed: false},
+		{sa: "detour-node-agent", verb: "get", resource: "secrets", ns: ns, allowed: false},
+		{sa: "detour-node-agent", verb: "delete", resource: "nodes", allowed: false},
+		{sa: "detour-webhook", verb: "list", resource: "namespaces", allowed: true},
+		{sa: "detour-webhook", verb: "create", resource: "pods", ns: "shop", allowed: false},
+		{sa: "detour-webhook", verb: "update", resource: "pods", ns: "shop", allowed: false},
+		{sa: "detour-webhook", verb: "patch", resource: "pods", ns: "shop", allowed: false},
+		{sa: "detour-webhook", verb: "update", resource: "mutatingwebhookconfigurations", name: "detour", allowed: true},
+		{sa: "detour-webhook", verb: "update", resource: "mutatingwebhookconfigurations", name: "other", allowed: false},
+		{sa: "detour-webhook", verb: "get", resource: "secrets", name: "detour-webhook-tls", ns: ns, allowed: true},
+		{sa: "detour-webhook", verb: "get", resource: "secrets", name: "other", ns: ns, allowed: false},
+		{sa: "detour-cni", verb: "get", resource: "pods", ns: "shop", allowed: true},
+		{sa: "detour-cni", verb: "list", resource: "pods", ns: "shop", allowed: false},
+		{sa: "detour-cni", verb: "delete", resource: "pods", ns: "shop", allowed: false},
+		{sa: "detour-cni", verb: "patch", resource: "nodes", allowed: false},
+		{sa: "detour-cni", verb: "get", resource: "secrets", ns: ns, allowed: false},
+	} {
+		group := ""
+		if c.resource == "mutatingwebhookconfigurations" {
+			group = "admissionregistration.k8s.io"
+		}
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User:   "system:serviceaccount:" + ns + ":" + c.sa,
+			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			ResourceAttributes: &authzv1.ResourceAttributes{
+				Namespace: c.ns, Verb: c.verb, Group: group, Resource: c.resource, Subresource: c.sub, Name: c.name,
+			},
+		}}
+		res, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status.Allowed != c.allowed {
+			t.Errorf("%s %s %s/%s %s (namespace %q): allowed=%v, want %v", c.sa, c.verb, c.resource, c.sub, c.name, c.ns, res.Status.Allowed, c.allowed)
+		}
+	}
+}
+
+func createRBAC(ctx context.Context, client kubernetes.Interface, kind string, b []byte) error {
+	rbac := client.RbacV1()
+	var err error
+	switch kind {
+	case "ClusterRole":
+		var o rbacv1.ClusterRole
+		if err = yaml.Unmarshal(b, &o); err == nil {
+			_, err = rbac.ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
+		}
+	case "ClusterRoleBinding":
+		var o rbacv1.ClusterRoleBinding
+		if err = yaml.Unmarshal(b, &o); err == nil {
+			_, err = rbac.ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
+		}
+	case "Role":
+		var o rbacv1.Role
+		if err = yaml.Unmarshal(b, &o); err == nil {
+			_, err = rbac.Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		}
+	case "RoleBinding":
+		var o rbacv1.RoleBinding
+		if err = yaml.Unmarshal(b, &o); err == nil {
+			_, err = rbac.RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
+		}
+	}
+	return err
+}

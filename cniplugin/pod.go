@@ -10,8 +10,7 @@ import (
 	"net/url"
 	"time"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/transport"
 )
 
 // PodMeta is what the plugin needs of a pod from the API server.
@@ -28,10 +27,10 @@ type PodGetter interface {
 // maxAttempts bounds the GETs of one ADD or CHECK; the API timeout bounds their total time.
 const maxAttempts = 5
 
-// apiGetter GETs pods through client-go's REST transport (TLS, bearer token files that are
-// re-read when they rotate, exec and auth-provider credentials) and decodes only their
-// metadata: the plugin runs for every pod on the node, so it stays away from typed clients
-// and their schemes.
+// apiGetter GETs pods through client-go's transport (TLS, and bearer token files that are
+// re-read when they rotate) and decodes only their metadata. The plugin runs for every pod on
+// the node, so it stays away from client-go's REST client, clientcmd and typed clients: their
+// schemes and serializers cost about 7 ms of every plugin start (docs/benchmarks.md).
 type apiGetter struct {
 	client  *http.Client
 	host    *url.URL
@@ -41,20 +40,19 @@ type apiGetter struct {
 
 // newAPIGetter loads the kubeconfig at path.
 func newAPIGetter(path string, timeout time.Duration) (*apiGetter, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	server, cfg, err := loadKubeconfig(path)
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig %s: %w", path, err)
 	}
-	cfg.Timeout = timeout
-	client, err := rest.HTTPClientFor(cfg)
+	rt, err := transport.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("build an API client from kubeconfig %s: %w", path, err)
 	}
-	host, err := url.Parse(cfg.Host)
+	host, err := url.Parse(server)
 	if err != nil || host.Host == "" {
-		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", path, cfg.Host)
+		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", path, server)
 	}
-	return &apiGetter{client: client, host: host, timeout: timeout, source: path}, nil
+	return &apiGetter{client: &http.Client{Transport: rt, Timeout: timeout}, host: host, timeout: timeout, source: path}, nil
 }
 
 // GetPod GETs the pod, retrying connection failures and server errors with backoff until

@@ -91,13 +91,7 @@ func Build(c Config) (Ruleset, error) {
 	case c.InboundPort == 0 || c.OutboundPort == 0:
 		return Ruleset{}, fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
 	}
-	rs := Ruleset{
-		Family: c.Family,
-		Hooks: []Rule{
-			{"PREROUTING", "-p tcp" + comment("inbound") + " -j " + InboundChain},
-			{"OUTPUT", "-p tcp" + comment("outbound") + " -j " + OutboundChain},
-		},
-	}
+	rs := Ruleset{Family: c.Family, Hooks: hooks()}
 	add := func(chain, spec string) { rs.Rules = append(rs.Rules, Rule{chain, spec}) }
 
 	// Inbound: everything TCP that arrives goes to the proxy, except the skipped ports.
@@ -126,6 +120,15 @@ func Build(c Config) (Ruleset, error) {
 	}
 	add(OutboundChain, "-p tcp"+comment("redirect-outbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
 	return rs, nil
+}
+
+// hooks are the jumps from the built-in chains into detour's; they are the same in every
+// ruleset.
+func hooks() []Rule {
+	return []Rule{
+		{"PREROUTING", "-p tcp" + comment("inbound") + " -j " + InboundChain},
+		{"OUTPUT", "-p tcp" + comment("outbound") + " -j " + OutboundChain},
+	}
 }
 
 // comment is the match that labels a rule; every rule carries one, so iptables-save output

@@ -143,25 +143,43 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 }
 
 // Remove deletes every chain and jump of detour's for each family in the namespace at nsPath,
-// leaving other rules alone. Removing from a namespace without detour's rules succeeds.
+// from whichever backends hold them, leaving other rules alone. Removing from a namespace
+// without detour's rules succeeds.
 func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family) error {
 	return nsutil.Do(nsPath, func() error {
 		for _, f := range families {
-			if e.Usable(f) != nil && f == IPv6 {
-				continue // no ip6tables on the node: nothing of ours can be there
-			}
-			s, err := e.inspect(ctx, f)
-			if err != nil {
+			if err := e.remove(ctx, f); err != nil {
 				return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
-			}
-			if input := removeInput(s.table); input != "" {
-				if err := e.restore(ctx, s, input); err != nil {
-					return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
-				}
 			}
 		}
 		return nil
 	})
+}
+
+// remove removes family f's rules in the current namespace. A backend without a nat table holds
+// nothing; for one that has a table, the removal of the rules as Apply installs them is tried
+// first, which is one tool run in the usual case, and the table is read only when that fails.
+func (e *Executor) remove(ctx context.Context, f Family) error {
+	e.lookup()
+	for _, t := range e.found[f] {
+		if !natTableExists(t.backend, f) {
+			continue
+		}
+		s := state{tools: t}
+		if e.restore(ctx, s, installedRemoveInput()) == nil {
+			continue
+		}
+		out, err := e.runner.Run(ctx, t.save, []string{"-t", "nat"}, nil)
+		if err != nil {
+			return fmt.Errorf("read the %s nat table: %w", f, err)
+		}
+		if input := removeInput(parseSave(string(out))); input != "" {
+			if err := e.restore(ctx, s, input); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Check compares the live rules in the namespace at nsPath with the rulesets and returns the

@@ -104,6 +104,14 @@ func removeInput(t table) string {
 	return b.String()
 }
 
+// installedRemoveInput is the removal input for a table that holds detour's rules exactly as
+// Apply leaves them: each jump once and both chains. Restore applies it all or nothing, so
+// trying it on any other table changes nothing.
+func installedRemoveInput() string {
+	t := table{chains: map[string]bool{InboundChain: true, OutboundChain: true}, rules: hooks()}
+	return removeInput(t)
+}
+
 // diff compares the live table with rs and describes the first difference in words, or returns
 // nil when the table holds exactly rs's hooks (once each) and chain rules (in order).
 func diff(rs Ruleset, t table) error {

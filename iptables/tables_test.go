@@ -38,3 +38,37 @@ func TestIntegrationNatTableExists(t *testing.T) {
 		t.Error("after a legacy IPv4 apply the legacy IPv4 nat table should exist, and only it")
 	}
 }
+
+// Remove tries the removal of the rules as Apply installs them; when the table holds something
+// else of detour's (a jump added twice by hand), that attempt changes nothing and Remove reads
+// the table and removes exactly what is there.
+func TestIntegrationRemoveUnusualTable(t *testing.T) {
+	for _, b := range []Backend{BackendLegacy, BackendNFT} {
+		t.Run(string(b), func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			exec := NewExecutor(WithBackend(b))
+			rs, _ := Build(Config{Family: IPv4, ProxyUID: 1, InboundPort: 1, OutboundPort: 2})
+			ctx := context.Background()
+			if err := exec.Apply(ctx, ns.Path, rs); err != nil {
+				t.Fatal(err)
+			}
+			extra := "*nat\n" + rs.Hooks[1].String() + "\n-A OUTPUT -d 192.0.2.7/32 -j RETURN\nCOMMIT\n"
+			if err := ns.Do(func() error {
+				_, err := exec.runner.Run(ctx, exec.found[IPv4][b].restore, []string{"--noflush"}, []byte(extra))
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := exec.Remove(ctx, ns.Path, IPv4); err != nil {
+				t.Fatal(err)
+			}
+			saved, _, err := exec.Save(ctx, ns.Path, IPv4)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tb := parseSave(saved); tb.ours() || len(tb.rules) != 1 {
+				t.Errorf("after Remove the table should hold only the foreign rule:\n%s", saved)
+			}
+		})
+	}
+}

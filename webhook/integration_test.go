@@ -109,7 +109,7 @@ func detourWebhookConfiguration() *admissionregistrationv1.MutatingWebhookConfig
 		TypeMeta:   metav1.TypeMeta{APIVersion: "admissionregistration.k8s.io/v1", Kind: "MutatingWebhookConfiguration"},
 		ObjectMeta: metav1.ObjectMeta{Name: "detour"},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name:                    "pods.detour.dev",
+			Name:                    "inject.detour.dev",
 			ClientConfig:            admissionregistrationv1.WebhookClientConfig{Service: &admissionregistrationv1.ServiceReference{Name: "detour-webhook", Namespace: "detour-system", Path: &path}},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{podCreate()},
 			SideEffects:             ptr(admissionregistrationv1.SideEffectClassNone),
@@ -562,7 +562,7 @@ func TestIntegrationSelfManagedCertificates(t *testing.T) {
 	mwc := &admissionregistrationv1.MutatingWebhookConfiguration{
 		ObjectMeta: metav1.ObjectMeta{GenerateName: "detour-selfcert-"},
 		Webhooks: []admissionregistrationv1.MutatingWebhook{{
-			Name: "pods.detour.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
+			Name: "inject.detour.dev", ClientConfig: admissionregistrationv1.WebhookClientConfig{URL: &url},
 			// Matches nothing: this test only checks the caBundle.
 			ObjectSelector:          &metav1.LabelSelector{MatchLabels: map[string]string{"never": "matches"}},
 			Rules:                   []admissionregistrationv1.RuleWithOperations{podCreate()},

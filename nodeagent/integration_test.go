@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -30,20 +28,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": detourMain})
-}
-
-// detourMain is cmd/detour's main in a child process: SIGTERM cancels the command's context.
-func detourMain(args []string) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	root := cli.NewRoot()
-	root.SetArgs(args)
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "detour:", err)
-		return cli.ExitCode(err)
-	}
-	return 0
+	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": cli.Main})
 }
 
 func randomName(prefix string) string {

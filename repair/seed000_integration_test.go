@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -34,18 +33,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": detourMain})
-}
-
-// detourMain is cmd/detour's main in a child process.
-func detourMain(args []string) int {
-	root := cli.NewRoot()
-	root.SetArgs(args)
-	if err := root.ExecuteContext(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, "detour:", err)
-		return cli.ExitCode(err)
-	}
-	return 0
+	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": cli.Main})
 }
 
 var (

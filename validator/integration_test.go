@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -19,19 +18,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": detourMain})
-}
-
-// detourMain is cmd/detour's main, run in a child process: the real command line, its output
-// and its exit code.
-func detourMain(args []string) int {
-	root := cli.NewRoot()
-	root.SetArgs(args)
-	if err := root.ExecuteContext(context.Background()); err != nil {
-		fmt.Fprintln(os.Stderr, "detour:", err)
-		return cli.ExitCode(err)
-	}
-	return 0
+	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": cli.Main})
 }
 
 // The pod's identities: the validator runs as a UID of its own, never exempt.

@@ -3,21 +3,9 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/detourmesh/detour/internal/cli"
 )
 
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := cli.NewRoot().ExecuteContext(ctx)
-	stop()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "detour:", err)
-		os.Exit(cli.ExitCode(err))
-	}
-}
+func main() { os.Exit(cli.Main(os.Args[1:])) }

@@ -4,7 +4,12 @@
 package cli
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 
@@ -26,6 +31,21 @@ func NewRoot() *cobra.Command {
 		newWebhookCommand(), newInjectCommand(), newRulesCommand(), newCheckCommand(),
 	)
 	return root
+}
+
+// Main runs the detour command line args (without the program name) until it finishes or the
+// process gets SIGINT or SIGTERM, prints an error to stderr, and returns the exit code. It is
+// cmd/detour's main, and the tests' way to run the real command in a child process.
+func Main(args []string) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	root := NewRoot()
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "detour:", err)
+	}
+	return ExitCode(err)
 }
 
 // ExitError is an error that asks main for a specific exit code (the validator's documented

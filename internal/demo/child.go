@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -67,18 +66,11 @@ func fetch(url string) error {
 }
 
 func connect(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
-	if err != nil {
-		return err
+	line, err := netlab.DialLine(addr, 3*time.Second)
+	if err == nil {
+		fmt.Print(line)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return err
-	}
-	fmt.Print(strings.TrimSpace(line))
-	return nil
+	return err
 }
 
 // child runs this binary as a stand-in container process inside ns, as id, and returns what it

@@ -138,7 +138,7 @@ func (d *demo) startControlPlane(ctx context.Context) error {
 	d.n.Section("Control plane")
 	start := time.Now()
 	d.env = controlplane.New(d.TestBinDir)
-	path := webhook.MutatePath
+	path := strings.TrimPrefix(webhook.MutatePath, "/") // envtest joins host:port and path with a slash
 	fail, reinvoke, none := admissionv1.Fail, admissionv1.IfNeededReinvocationPolicy, admissionv1.SideEffectClassNone
 	d.env.WebhookInstallOptions.MutatingWebhooks = []*admissionv1.MutatingWebhookConfiguration{{
 		ObjectMeta: metav1.ObjectMeta{Name: "detour"},

@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"math/big"
 	"net/netip"
 	"os"
@@ -22,33 +21,42 @@ import (
 	"github.com/vishvananda/netlink"
 )
 
-var detourCNI struct {
-	sync.Once
-	path string
-	err  error
+var built struct {
+	sync.Mutex
+	dir   string
+	paths map[string]string
+}
+
+// Build builds one of this module's commands (e.g. "cmd/detour-cni") once per test process and
+// returns the binary's path.
+func Build(t testing.TB, cmd string) string {
+	t.Helper()
+	built.Lock()
+	defer built.Unlock()
+	if p, ok := built.paths[cmd]; ok {
+		return p
+	}
+	if built.dir == "" {
+		dir, err := os.MkdirTemp("", "detour-test-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Readable by the UIDs tests run children as.
+		os.Chmod(dir, 0o755)
+		built.dir, built.paths = dir, map[string]string{}
+	}
+	p := filepath.Join(built.dir, filepath.Base(cmd))
+	c := exec.Command("go", "build", "-trimpath", "-o", p, "github.com/detourmesh/detour/"+cmd)
+	c.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := c.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./%s: %v\n%s", cmd, err, out)
+	}
+	built.paths[cmd] = p
+	return p
 }
 
 // DetourCNI builds cmd/detour-cni once per test process and returns the binary's path.
-func DetourCNI(t testing.TB) string {
-	t.Helper()
-	detourCNI.Do(func() {
-		dir, err := os.MkdirTemp("", "detour-cni-bin-")
-		if err != nil {
-			detourCNI.err = err
-			return
-		}
-		detourCNI.path = filepath.Join(dir, "detour-cni")
-		cmd := exec.Command("go", "build", "-trimpath", "-o", detourCNI.path, "github.com/detourmesh/detour/cmd/detour-cni")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			detourCNI.err = fmt.Errorf("go build ./cmd/detour-cni: %v\n%s", err, out)
-		}
-	})
-	if detourCNI.err != nil {
-		t.Fatal(detourCNI.err)
-	}
-	return detourCNI.path
-}
+func DetourCNI(t testing.TB) string { return Build(t, "cmd/detour-cni") }
 
 // CNI runs network configuration lists through libcni, exactly as containerd does, with the
 // reference plugins from [BinDir] and detour-cni built from this tree.

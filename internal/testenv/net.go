@@ -1,11 +1,8 @@
 package testenv
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -125,16 +122,9 @@ func becomeIdentity(uid, gid int) error {
 }
 
 func dialHelper(addr string) error {
-	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
-	if err != nil {
-		return err
+	line, err := netlab.DialLine(addr, 3*time.Second)
+	if err == nil {
+		fmt.Println(line)
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(3 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("read the answer from %s: %w", addr, err)
-	}
-	fmt.Print(line)
-	return nil
+	return err
 }

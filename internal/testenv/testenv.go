@@ -31,6 +31,9 @@ func Main(m *testing.M) {
 	code := m.Run()
 	stopControlPlane()
 	removeNamespaceDir()
+	if built.dir != "" {
+		os.RemoveAll(built.dir)
+	}
 	os.Exit(code)
 }
 

@@ -19,10 +19,15 @@ type Executor struct {
 	runner  Runner
 	backend Backend
 
-	once     sync.Once
-	prefer   Backend
-	toolsErr map[Family]error
-	found    map[Family]map[Backend]tools
+	mu     sync.Mutex
+	prefer Backend                 // the backend used where none holds rules; set on first use
+	fams   map[Family]*familyTools // looked up on first use, per family
+}
+
+// familyTools are the tools found on PATH for one family, or why there are none.
+type familyTools struct {
+	found map[Backend]tools
+	err   error
 }
 
 // Option configures an Executor.
@@ -43,40 +48,42 @@ func NewExecutor(opts ...Option) *Executor {
 	return e
 }
 
-func (e *Executor) lookup() {
-	e.once.Do(func() {
+// tools returns the tools of family f, looking them up on the first call for f.
+func (e *Executor) tools(f Family) *familyTools {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.prefer == "" {
 		e.prefer = e.backend
 		if e.backend == BackendAuto {
 			e.prefer = hostDefault()
 		}
-		e.found = map[Family]map[Backend]tools{}
-		e.toolsErr = map[Family]error{}
-		for _, f := range []Family{IPv4, IPv6} {
-			e.found[f] = map[Backend]tools{}
-			var errs []error
-			for _, b := range []Backend{e.prefer, e.prefer.other()} {
-				if e.backend != BackendAuto && b != e.backend {
-					continue
-				}
-				t, err := lookupTools(b, f)
-				if err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				e.found[f][b] = t
-			}
-			if len(e.found[f]) == 0 {
-				e.toolsErr[f] = fmt.Errorf("no usable %s iptables backend: %w; install iptables (1.8 or later) on the node", f, errors.Join(errs...))
-			}
+		e.fams = map[Family]*familyTools{}
+	}
+	if ft, ok := e.fams[f]; ok {
+		return ft
+	}
+	ft := &familyTools{found: map[Backend]tools{}}
+	var errs []error
+	for _, b := range []Backend{e.prefer, e.prefer.other()} {
+		if e.backend != BackendAuto && b != e.backend {
+			continue
 		}
-	})
+		t, err := lookupTools(b, f)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ft.found[b] = t
+	}
+	if len(ft.found) == 0 {
+		ft.err = fmt.Errorf("no usable %s iptables backend: %w; install iptables (1.8 or later) on the node", f, errors.Join(errs...))
+	}
+	e.fams[f] = ft
+	return ft
 }
 
 // Usable reports whether the tools for family f are on PATH, and why not.
-func (e *Executor) Usable(f Family) error {
-	e.lookup()
-	return e.toolsErr[f]
-}
+func (e *Executor) Usable(f Family) error { return e.tools(f).err }
 
 // state is one family's backend in a namespace and what its nat table holds.
 type state struct {
@@ -88,13 +95,13 @@ type state struct {
 // inspect picks the backend for family f in the current namespace — the one that already holds
 // rules, else the preferred one — and returns its nat table. Call it inside nsutil.Do.
 func (e *Executor) inspect(ctx context.Context, f Family) (state, error) {
-	e.lookup()
-	if err := e.toolsErr[f]; err != nil {
-		return state{}, err
+	ft := e.tools(f)
+	if ft.err != nil {
+		return state{}, ft.err
 	}
 	var first *state
 	for _, b := range []Backend{e.prefer, e.prefer.other()} {
-		t, ok := e.found[f][b]
+		t, ok := ft.found[b]
 		if !ok {
 			continue
 		}
@@ -160,8 +167,7 @@ func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family
 // nothing; for one that has a table, the removal of the rules as Apply installs them is tried
 // first, which is one tool run in the usual case, and the table is read only when that fails.
 func (e *Executor) remove(ctx context.Context, f Family) error {
-	e.lookup()
-	for _, t := range e.found[f] {
+	for _, t := range e.tools(f).found {
 		if !natTableExists(t.backend, f) {
 			continue
 		}

@@ -54,7 +54,7 @@ func TestIntegrationRemoveUnusualTable(t *testing.T) {
 			}
 			extra := "*nat\n" + rs.Hooks[1].String() + "\n-A OUTPUT -d 192.0.2.7/32 -j RETURN\nCOMMIT\n"
 			if err := ns.Do(func() error {
-				_, err := exec.runner.Run(ctx, exec.found[IPv4][b].restore, []string{"--noflush"}, []byte(extra))
+				_, err := exec.runner.Run(ctx, exec.tools(IPv4).found[b].restore, []string{"--noflush"}, []byte(extra))
 				return err
 			}); err != nil {
 				t.Fatal(err)

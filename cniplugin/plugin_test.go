@@ -6,6 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -234,4 +237,39 @@ func TestDelWithoutNamespaceSucceeds(t *testing.T) {
 			t.Errorf("DEL with netns %q: %v", netns, err)
 		}
 	}
+}
+
+func TestStatus(t *testing.T) {
+	kubeconfig := writeKubeconfig(t, "current-context: a\ncontexts: [{name: a, context: {cluster: c, user: u}}]\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:6443\"}}]\nusers: [{name: u, user: {tokenFile: t}}]\n")
+	status := func(extra string) error {
+		p := New()
+		var log bytes.Buffer
+		p.Stdout, p.Stderr = &bytes.Buffer{}, &log
+		return p.Status(cmdArgs([]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"`+extra+`}`), ""))
+	}
+	t.Run("iptables missing", func(t *testing.T) {
+		t.Setenv("PATH", t.TempDir())
+		err := status("")
+		if err == nil || !strings.Contains(err.Error(), "no usable ipv4 iptables backend") || !strings.Contains(err.Error(), "install iptables") {
+			t.Fatalf("STATUS without iptables = %v", err)
+		}
+	})
+	t.Run("kubeconfig unreadable", func(t *testing.T) {
+		if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
+			t.Skip("needs the iptables tools on PATH (hack/host-deps.sh installs them)")
+		}
+		err := status(`,"kubeconfig":"/nonexistent/detour-cni.kubeconfig"`)
+		if err == nil || !strings.Contains(err.Error(), "/nonexistent/detour-cni.kubeconfig") || !strings.Contains(err.Error(), "node agent") {
+			t.Fatalf("STATUS with an unreadable kubeconfig = %v", err)
+		}
+		if err := status(`,"kubeconfig":"` + kubeconfig + `"`); err == nil || !strings.Contains(err.Error(), "token file") {
+			t.Fatalf("STATUS before the token file exists = %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(filepath.Dir(kubeconfig), "t"), []byte("token"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := status(`,"kubeconfig":"` + kubeconfig + `"`); err != nil {
+			t.Fatalf("STATUS with a readable kubeconfig and iptables: %v", err)
+		}
+	})
 }

@@ -33,17 +33,18 @@ FUZZTIME ?= 10s
 fuzz:
 	bash hack/fuzz.sh $(FUZZTIME)
 
-bench: bench-iptables bench-cni
+bench: bench-iptables bench-cni bench-webhook
 
 bench-iptables:
 	bash hack/host-deps.sh
-	go test ./iptables -run '^$$' -bench . -benchtime 30x -count 1
+	go test ./iptables -run '^$$' -bench Build -count 1
+	go test ./iptables -run '^$$' -bench Apply -benchtime 30x -count 1
 
 clean:
 	rm -rf $(BIN)
 
 # detour-cni through libcni after the reference bridge plugin: ADD/CHECK/DEL latency with and
-# without detour-cni, sequential and 4 at a time (BENCH_N sandboxes per scenario).
+# without detour-cni, one sandbox at a time and four at a time (BENCH_N rounds per scenario).
 BENCH_N ?= 30
 bench-cni:
 	bash hack/host-deps.sh

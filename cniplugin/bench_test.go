@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"text/tabwriter"
@@ -16,126 +15,110 @@ import (
 	"github.com/detourmesh/detour/internal/testenv"
 )
 
-// BenchmarkChain drives a conflist through libcni, as containerd does, for b.N fresh sandboxes
-// per scenario — the primary plugin alone, then followed by detour-cni with the annotations
-// from runtimeConfig and from the API — one at a time and four at a time. Each sandbox gets
-// ADD, then CHECK, then DEL. Run it with -benchtime=30x or more (make bench-cni); it prints a
-// table of min/median/p90/max per command and detour's median increment over the primary.
+// BenchmarkChain drives a conflist through libcni, as containerd does, on fresh sandboxes: the
+// primary plugin alone, then followed by detour-cni with the pod's annotations from
+// runtimeConfig and from the API — one sandbox at a time, and four at a time. Each round
+// runs every scenario in turn (ADD, then CHECK, then DEL), so that whatever else the machine does
+// weighs on all of them alike; b.N is the number of rounds. Run it with -benchtime=30x or more
+// (make bench-cni): it prints min/median/p90/max per command and scenario, and detour-cni's
+// median increment over the primary plugin alone.
 func BenchmarkChain(b *testing.B) {
 	f := newFixture(b, false)
 	pod := f.createPod("bench", redirect.Annotations())
-	scenarios := []struct {
-		name       string
-		list       *libcni.NetworkConfigList
-		viaRuntime bool
-	}{
-		{"bridge only", f.primaryOnly(), true},
-		{"bridge + detour-cni, runtimeConfig", f.list(nil), true},
-		{"bridge + detour-cni, API GET", f.list(nil), false},
+	scenarios := []scenario{
+		{name: "bridge only", list: f.primaryOnly(), viaRuntime: true},
+		{name: "bridge + detour-cni, runtimeConfig", list: f.list(nil), viaRuntime: true},
+		{name: "bridge + detour-cni, API GET", list: f.list(nil), viaRuntime: false},
 	}
-	results := map[string]*chainStats{}
-	var order []string
 	for _, conc := range []int{1, 4} {
-		for _, sc := range scenarios {
-			key := fmt.Sprintf("%s, %d at a time", sc.name, conc)
-			order = append(order, key)
-			b.Run(strings.NewReplacer(" ", "_", ",", "").Replace(key), func(b *testing.B) {
-				sandboxes := make([]*testenv.Attachment, b.N)
-				for i := range sandboxes {
-					sandboxes[i] = f.sandbox(pod, sc.viaRuntime)
+		b.Run(fmt.Sprintf("%d-at-a-time", conc), func(b *testing.B) {
+			stats := make([]chainStats, len(scenarios))
+			for b.Loop() {
+				for i, sc := range scenarios {
+					sandboxes := make([]*testenv.Attachment, conc)
+					for j := range sandboxes {
+						sandboxes[j] = f.sandbox(pod, sc.viaRuntime)
+					}
+					stats[i].add = append(stats[i].add, parallel(b, sandboxes, func(a *testenv.Attachment) error {
+						_, err := f.cni.Add(context.Background(), sc.list, a)
+						return err
+					})...)
+					stats[i].check = append(stats[i].check, parallel(b, sandboxes, func(a *testenv.Attachment) error {
+						return f.cni.Config.CheckNetworkList(context.Background(), sc.list, a.Runtime)
+					})...)
+					stats[i].del = append(stats[i].del, parallel(b, sandboxes, func(a *testenv.Attachment) error {
+						return f.cni.Config.DelNetworkList(context.Background(), sc.list, a.Runtime)
+					})...)
+					for _, a := range sandboxes {
+						a.NetNS.Remove()
+					}
 				}
-				s := &chainStats{}
-				b.ResetTimer()
-				start := time.Now()
-				s.add = run(b, conc, sandboxes, func(a *testenv.Attachment) error {
-					_, err := f.cni.Add(context.Background(), sc.list, a)
-					return err
-				})
-				s.addWall = time.Since(start)
-				s.check = run(b, conc, sandboxes, func(a *testenv.Attachment) error {
-					return f.cni.Config.CheckNetworkList(context.Background(), sc.list, a.Runtime)
-				})
-				s.del = run(b, conc, sandboxes, func(a *testenv.Attachment) error {
-					return f.cni.Config.DelNetworkList(context.Background(), sc.list, a.Runtime)
-				})
-				b.StopTimer()
-				results[key] = s
-				b.ReportMetric(ms(s.add[len(s.add)/2]), "add-p50-ms")
-			})
-		}
-	}
-	printChainTable(results, order)
-}
-
-type chainStats struct {
-	add, check, del []time.Duration
-	addWall         time.Duration // wall time of all ADDs, for throughput
-}
-
-// run calls op for every sandbox with conc workers and returns the sorted durations.
-func run(b *testing.B, conc int, sandboxes []*testenv.Attachment, op func(*testenv.Attachment) error) []time.Duration {
-	var mu sync.Mutex
-	var took []time.Duration
-	work := make(chan *testenv.Attachment)
-	var wg sync.WaitGroup
-	for range conc {
-		wg.Go(func() {
-			for a := range work {
-				start := time.Now()
-				err := op(a)
-				d := time.Since(start)
-				if err != nil {
-					b.Error(err)
-				}
-				mu.Lock()
-				took = append(took, d)
-				mu.Unlock()
 			}
+			b.StopTimer()
+			for i := range stats {
+				stats[i].sort()
+			}
+			inc := func(i int, d func(chainStats) []time.Duration) float64 {
+				return ms(median(d(stats[i]))) - ms(median(d(stats[0])))
+			}
+			b.ReportMetric(inc(1, addOf), "rc-add-increment-ms")
+			b.ReportMetric(inc(2, addOf), "api-add-increment-ms")
+			printChainTable(conc, scenarios, stats)
 		})
 	}
-	for _, a := range sandboxes {
-		work <- a
+}
+
+type scenario struct {
+	name       string
+	list       *libcni.NetworkConfigList
+	viaRuntime bool
+}
+
+type chainStats struct{ add, check, del []time.Duration }
+
+func (s *chainStats) sort() { slices.Sort(s.add); slices.Sort(s.check); slices.Sort(s.del) }
+
+func addOf(s chainStats) []time.Duration   { return s.add }
+func checkOf(s chainStats) []time.Duration { return s.check }
+func delOf(s chainStats) []time.Duration   { return s.del }
+
+// parallel runs op on every sandbox at once and returns each one's duration.
+func parallel(b *testing.B, sandboxes []*testenv.Attachment, op func(*testenv.Attachment) error) []time.Duration {
+	took := make([]time.Duration, len(sandboxes))
+	var wg sync.WaitGroup
+	for i, a := range sandboxes {
+		wg.Go(func() {
+			start := time.Now()
+			if err := op(a); err != nil {
+				b.Error(err)
+			}
+			took[i] = time.Since(start)
+		})
 	}
-	close(work)
 	wg.Wait()
-	slices.Sort(took)
 	return took
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
-func printChainTable(results map[string]*chainStats, order []string) {
-	if len(results) == 0 {
-		return
-	}
+func median(d []time.Duration) time.Duration { return d[len(d)/2] }
+
+func quantile(d []time.Duration, p int) time.Duration { return d[min(len(d)-1, len(d)*p/100)] }
+
+func printChainTable(conc int, scenarios []scenario, stats []chainStats) {
+	fmt.Printf("\n%d at a time, %d sandboxes per scenario (ms):\n", conc, len(stats[0].add))
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(w, "scenario\tN\tADD min\tmedian\tp90\tmax\tCHECK median\tp90\tDEL median\tp90\tADD/s\t")
-	row := func(name string, s *chainStats) {
-		q := func(d []time.Duration, p int) string { return fmt.Sprintf("%.1f", ms(d[min(len(d)-1, len(d)*p/100)])) }
-		fmt.Fprintf(w, "%s\t%d\t%.1f\t%s\t%s\t%.1f\t%s\t%s\t%s\t%s\t%.0f\t\n", name, len(s.add),
-			ms(s.add[0]), q(s.add, 50), q(s.add, 90), ms(s.add[len(s.add)-1]),
-			q(s.check, 50), q(s.check, 90), q(s.del, 50), q(s.del, 90), float64(len(s.add))/s.addWall.Seconds())
-	}
-	for _, name := range order {
-		if s, ok := results[name]; ok {
-			row(name, s)
-		}
+	fmt.Fprintln(w, "scenario\tADD min\tmedian\tp90\tmax\tCHECK median\tp90\tDEL median\tp90\t")
+	for i, sc := range scenarios {
+		s := stats[i]
+		fmt.Fprintf(w, "%s\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t%.1f\t\n", sc.name,
+			ms(s.add[0]), ms(median(s.add)), ms(quantile(s.add, 90)), ms(s.add[len(s.add)-1]),
+			ms(median(s.check)), ms(quantile(s.check, 90)), ms(median(s.del)), ms(quantile(s.del, 90)))
 	}
 	w.Flush()
-	fmt.Println("\ndetour-cni's increment over the primary plugin alone (median, ms):")
-	for _, conc := range []string{"1 at a time", "4 at a time"} {
-		base, ok := results["bridge only, "+conc]
-		if !ok {
-			continue
-		}
-		for _, path := range []string{"runtimeConfig", "API GET"} {
-			s, ok := results["bridge + detour-cni, "+path+", "+conc]
-			if !ok {
-				continue
-			}
-			med := func(d []time.Duration) float64 { return ms(d[len(d)/2]) }
-			fmt.Printf("  %-14s %-12s ADD %+6.1f   CHECK %+6.1f   DEL %+6.1f\n", path, conc,
-				med(s.add)-med(base.add), med(s.check)-med(base.check), med(s.del)-med(base.del))
-		}
+	fmt.Println("detour-cni's increment over the primary plugin alone (difference of medians, ms):")
+	for i := 1; i < len(scenarios); i++ {
+		d := func(of func(chainStats) []time.Duration) float64 { return ms(median(of(stats[i]))) - ms(median(of(stats[0]))) }
+		fmt.Printf("  %-36s ADD %+6.1f   CHECK %+6.1f   DEL %+6.1f\n", scenarios[i].name, d(addOf), d(checkOf), d(delOf))
 	}
 }

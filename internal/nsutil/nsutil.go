@@ -13,7 +13,7 @@ import (
 // Do runs fn with the calling goroutine's thread in the network namespace at path (for example
 // /var/run/netns/cni-1234 or /proc/PID/ns/net). fn must not start goroutines that depend on the
 // namespace: they run on other threads. Processes fn starts inherit the namespace.
-func Do(path string, fn func() error) error {
+func Do(path string, fn func() error) (err error) {
 	target, err := netns.GetFromPath(path)
 	if err != nil {
 		return fmt.Errorf("open network namespace %s: %w", path, err)
@@ -31,11 +31,15 @@ func Do(path string, fn func() error) error {
 		runtime.UnlockOSThread()
 		return fmt.Errorf("enter network namespace %s: %w", path, err)
 	}
-	fnErr := fn()
-	if err := netns.Set(origin); err != nil {
-		// Leave the thread locked: the runtime terminates it when this goroutine exits.
-		return fmt.Errorf("return from network namespace %s: %w (after: %v)", path, err, fnErr)
-	}
-	runtime.UnlockOSThread()
-	return fnErr
+	// Switch back also when fn panics, so a recovered panic never leaves the goroutine in the
+	// pod's namespace.
+	defer func() {
+		if setErr := netns.Set(origin); setErr != nil {
+			// Leave the thread locked: the runtime terminates it when this goroutine exits.
+			err = fmt.Errorf("return from network namespace %s: %w (after: %v)", path, setErr, err)
+			return
+		}
+		runtime.UnlockOSThread()
+	}()
+	return fn()
 }

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/cli"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/webhook"
@@ -141,6 +142,19 @@ func TestHelmLintAndTemplate(t *testing.T) {
 					t.Errorf("uninstall mode runs install-cni with %v, want --uninstall --hold", args)
 				}
 				return
+			}
+
+			// The policy that freezes the webhook-written annotations names exactly those keys.
+			var vap admissionv1.ValidatingAdmissionPolicy
+			find(t, objs, "ValidatingAdmissionPolicy", "detour-webhook-annotations", &vap)
+			expr := vap.Spec.Validations[0].Expression
+			for _, k := range annotations.WebhookKeys {
+				if !strings.Contains(expr, "'"+k+"'") {
+					t.Errorf("the annotation policy does not protect %s", k)
+				}
+			}
+			if n := strings.Count(expr, "'detour.dev/"); n != len(annotations.WebhookKeys) {
+				t.Errorf("the annotation policy names %d keys, annotations.WebhookKeys has %d", n, len(annotations.WebhookKeys))
 			}
 
 			// The MutatingWebhookConfiguration calls the path the code serves.

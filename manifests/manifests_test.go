@@ -21,7 +21,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
-	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -79,14 +78,22 @@ func render(t *testing.T, sets []string) []byte {
 // objects splits a rendered stream into objects.
 func objects(t *testing.T, rendered []byte) []*unstructured.Unstructured {
 	t.Helper()
+	objs, err := decodeAll(rendered)
+	if err != nil {
+		t.Fatalf("decode rendered manifests: %v", err)
+	}
+	return objs
+}
+
+func decodeAll(rendered []byte) ([]*unstructured.Unstructured, error) {
 	var out []*unstructured.Unstructured
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
 	for {
 		var o map[string]any
 		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
-			return out
+			return out, nil
 		} else if err != nil {
-			t.Fatalf("decode rendered manifests: %v", err)
+			return nil, err
 		}
 		if o != nil {
 			out = append(out, &unstructured.Unstructured{Object: o})
@@ -281,20 +288,7 @@ func TestIntegrationRBAC(t *testing.T) {
 	cfg := testenv.ControlPlane(t)
 	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
-	ns := "rbac-check"
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	args := []string{"template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false"}
-	for _, o := range objects(t, helm(t, args...)) {
-		switch o.GetKind() {
-		case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
-			b, _ := o.MarshalJSON()
-			if err := createRBAC(ctx, client, o.GetKind(), b); err != nil {
-				t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
-			}
-		}
-	}
+	ns := installed(t)
 	type check struct {
 		sa                            string
 		verb, resource, sub, name, ns string
@@ -342,32 +336,4 @@ func TestIntegrationRBAC(t *testing.T) {
 			t.Errorf("%s %s %s/%s %s (namespace %q): allowed=%v, want %v", c.sa, c.verb, c.resource, c.sub, c.name, c.ns, res.Status.Allowed, c.allowed)
 		}
 	}
-}
-
-func createRBAC(ctx context.Context, client kubernetes.Interface, kind string, b []byte) error {
-	rbac := client.RbacV1()
-	var err error
-	switch kind {
-	case "ClusterRole":
-		var o rbacv1.ClusterRole
-		if err = yaml.Unmarshal(b, &o); err == nil {
-			_, err = rbac.ClusterRoles().Create(ctx, &o, metav1.CreateOptions{})
-		}
-	case "ClusterRoleBinding":
-		var o rbacv1.ClusterRoleBinding
-		if err = yaml.Unmarshal(b, &o); err == nil {
-			_, err = rbac.ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{})
-		}
-	case "Role":
-		var o rbacv1.Role
-		if err = yaml.Unmarshal(b, &o); err == nil {
-			_, err = rbac.Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
-		}
-	case "RoleBinding":
-		var o rbacv1.RoleBinding
-		if err = yaml.Unmarshal(b, &o); err == nil {
-			_, err = rbac.RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{})
-		}
-	}
-	return err
 }

@@ -2,7 +2,11 @@ package manifests_test
 
 import (
 	"context"
+	"fmt"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,39 +29,8 @@ import (
 func TestIntegrationPolicies(t *testing.T) {
 	cfg := testenv.ControlPlane(t)
 	admin := kubernetes.NewForConfigOrDie(cfg)
-	dyn := dynamic.NewForConfigOrDie(cfg)
 	ctx := context.Background()
-	ns := "policy-check"
-	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objects(t, helm(t, "template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false")) {
-		var res string
-		switch o.GetKind() {
-		case "ValidatingAdmissionPolicy":
-			res = "validatingadmissionpolicies"
-		case "ValidatingAdmissionPolicyBinding":
-			res = "validatingadmissionpolicybindings"
-		case "ServiceAccount":
-			if _, err := dyn.Resource(corev1.SchemeGroupVersion.WithResource("serviceaccounts")).Namespace(ns).Create(ctx, o, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
-			b, _ := o.MarshalJSON()
-			// Cluster-wide RBAC may already exist from another test of this package.
-			if err := createRBAC(ctx, admin, o.GetKind(), b); err != nil && !strings.Contains(err.Error(), "already exists") {
-				t.Fatal(err)
-			}
-			continue
-		default:
-			continue
-		}
-		gvr := admissionGVR(res)
-		if _, err := dyn.Resource(gvr).Create(ctx, o, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
-		}
-	}
+	ns := installed(t)
 
 	t.Run("webhook-written annotations are frozen", func(t *testing.T) {
 		r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, ExemptGIDs: []uint32{2600}}
@@ -141,4 +114,63 @@ func TestIntegrationPolicies(t *testing.T) {
 
 func admissionGVR(resource string) schema.GroupVersionResource {
 	return schema.GroupVersionResource{Group: "admissionregistration.k8s.io", Version: "v1", Resource: resource}
+}
+
+var install struct {
+	sync.Once
+	err error
+}
+
+// installed installs the chart's service accounts, RBAC and policies into namespace
+// installedNamespace of the shared API server, once per test process, and returns the namespace.
+func installed(t *testing.T) string {
+	t.Helper()
+	cfg := testenv.ControlPlane(t)
+	install.Do(func() { install.err = installChart(cfg, installedNamespace) })
+	if install.err != nil {
+		t.Fatal(install.err)
+	}
+	return installedNamespace
+}
+
+const installedNamespace = "detour-checks"
+
+func installChart(cfg *rest.Config, ns string) error {
+	ctx := context.Background()
+	client := kubernetes.NewForConfigOrDie(cfg)
+	dyn := dynamic.NewForConfigOrDie(cfg)
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	out, err := exec.Command(filepath.Join(testenv.BinDir(), "helm"), "template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false").Output()
+	if err != nil {
+		return fmt.Errorf("helm template: %w", err)
+	}
+	objs, err := decodeAll(out)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		var gvr schema.GroupVersionResource
+		switch o.GetKind() {
+		case "ValidatingAdmissionPolicy":
+			gvr = admissionGVR("validatingadmissionpolicies")
+		case "ValidatingAdmissionPolicyBinding":
+			gvr = admissionGVR("validatingadmissionpolicybindings")
+		case "ServiceAccount":
+			gvr = corev1.SchemeGroupVersion.WithResource("serviceaccounts")
+		case "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding":
+			gvr = schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: strings.ToLower(o.GetKind()) + "s"}
+		default:
+			continue
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(gvr)
+		if o.GetNamespace() != "" {
+			ri = dyn.Resource(gvr).Namespace(o.GetNamespace())
+		}
+		if _, err := ri.Create(ctx, o, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("create %s %s: %w", o.GetKind(), o.GetName(), err)
+		}
+	}
+	return nil
 }

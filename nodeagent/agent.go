@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -289,6 +290,12 @@ func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
 // configuration for the network and the runtime loads the new file: "x.conf" sorts right
 // before "x.conflist".
 func (a *Agent) ensureEntry(primary string, data []byte) (string, error) {
+	// The binary and the token may have taken a while since data was read: never write back
+	// an old copy over the primary's newer one (its change would be lost for good, since the
+	// next reconcile would find detour's entry in place).
+	if now, err := os.ReadFile(primary); err != nil || !bytes.Equal(now, data) {
+		return primary, fmt.Errorf("%s changed while detour's entry was being prepared; trying again", primary)
+	}
 	mode := fs.FileMode(0o644)
 	if st, err := os.Stat(primary); err == nil {
 		mode = st.Mode().Perm()

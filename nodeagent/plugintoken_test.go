@@ -371,3 +371,39 @@ func TestRunTokenDueWithoutPrimaryDoesNotSpin(t *testing.T) {
 		t.Errorf("%d token requests without a primary, want only the first", api.calls())
 	}
 }
+
+// The primary CNI rewriting its file while the agent waits for the plugin's token is never
+// undone: the agent does not write back the copy it read before, and adds its entry to the new
+// file on the next pass.
+func TestReconcileKeepsAPrimaryRewriteDuringTheTokenRequest(t *testing.T) {
+	clk := newClock()
+	client := fake.NewClientset()
+	e := pluginSAEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	rewritten := strings.Replace(calico, `"datastore_type": "kubernetes"`, `"datastore_type": "kubernetes", "mtu": 1400`, 1)
+	if rewritten == calico {
+		t.Fatal("the test's rewrite changes nothing")
+	}
+	api := &tokenAPI{clock: clk.Now}
+	api.install(client)
+	client.PrependReactor("create", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+		writeFile(t, primary, rewritten) // the primary CNI, while the request is in flight
+		return false, nil, nil
+	})
+	a := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithClock(clk.Now))
+
+	if _, err := a.Reconcile(context.Background()); err == nil || !strings.Contains(err.Error(), "changed while detour's entry was being prepared") {
+		t.Fatalf("Reconcile while the primary rewrites its file = %v", err)
+	}
+	if got := readFile(t, primary); got != rewritten {
+		t.Fatalf("the primary's rewrite was overwritten:\n%s", got)
+	}
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+		t.Fatalf("second Reconcile = %+v, %v", s, err)
+	}
+	got := readFile(t, primary)
+	if !strings.Contains(got, `"mtu": 1400`) || !slices.Equal(pluginTypes(t, got), []string{"calico", "portmap", "detour-cni"}) {
+		t.Errorf("the entry must be added to the rewritten file:\n%s", got)
+	}
+}

@@ -38,6 +38,7 @@ to detour's own image. */}}
 - --log-file={{ . }}
 {{- end }}
 - --exclude-namespaces={{ join "," .Values.nodeAgent.plugin.excludeNamespaces }}
+- --ipv6={{ .Values.nodeAgent.plugin.ipv6 }}
 {{- end }}
 
 {{/* The annotation keys only the webhook writes (annotations.WebhookKeys; a test keeps them

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
@@ -112,17 +114,29 @@ func (c *checker) cniConfig(dir string) {
 		c.fail("%s is not a conflist with plugins (%v); the node agent converts a .conf when it installs detour", primary, err)
 		return
 	}
-	last := list.Plugins[len(list.Plugins)-1]
-	conf, err := cniplugin.ParseConfig(last)
-	switch {
-	case err != nil:
-		c.fail("%s: the last plugin's configuration: %v", primary, err)
-		return
-	case conf.Type != cniplugin.PluginType:
-		c.fail("%s: the last plugin is %q, not %s: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, conf.Type, cniplugin.PluginType)
+	// detour's entry must come after the primary plugin; another chained plugin may follow it.
+	var conf *cniplugin.Config
+	for i, raw := range list.Plugins {
+		var p struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(raw, &p) != nil || p.Type != cniplugin.PluginType {
+			continue
+		}
+		if i == 0 {
+			c.fail("%s: %s is the first plugin; it must follow the primary CNI plugin", primary, cniplugin.PluginType)
+			return
+		}
+		if conf, err = cniplugin.ParseConfig(raw); err != nil {
+			c.fail("%s: %s's configuration: %v", primary, cniplugin.PluginType, err)
+			return
+		}
+	}
+	if conf == nil {
+		c.fail("%s (the configuration the runtime uses) has no %s entry: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, cniplugin.PluginType)
 		return
 	}
-	c.ok("%s (the configuration the runtime uses) ends with %s", filepath.Base(primary), cniplugin.PluginType)
+	c.ok("%s (the configuration the runtime uses) chains %s after the primary plugin", filepath.Base(primary), cniplugin.PluginType)
 	if conf.Kubeconfig != "" {
 		if _, err := os.Stat(conf.Kubeconfig); err != nil {
 			c.fail("the plugin's kubeconfig: %v; the node agent writes it", err)
@@ -162,8 +176,15 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 			return
 		}
 		if f == iptables.IPv6 {
-			// IPv6 rules exist only for pods with an IPv6 address; check them when present.
-			if saved, _, err := c.exec.Save(ctx, netns, f); err != nil || !strings.Contains(saved, iptables.OutboundChain) {
+			// The plugin installs IPv6 rules for pods with an IPv6 address (or ipv6: always).
+			has, err := hasGlobalIPv6(netns)
+			if err != nil {
+				c.fail("read the addresses in %s: %v", netns, err)
+				continue
+			}
+			saved, _, _ := c.exec.Save(ctx, netns, f)
+			if !has && !strings.Contains(saved, iptables.OutboundChain) {
+				c.ok("%s: no IPv6 address in %s, and no IPv6 rules", name, netns)
 				continue
 			}
 		}
@@ -173,4 +194,28 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 			c.ok("%s: the %s rules in %s are exactly what detour-cni installs", name, f, netns)
 		}
 	}
+}
+
+// hasGlobalIPv6 reports whether the network namespace at path has a global IPv6 address.
+func hasGlobalIPv6(path string) (bool, error) {
+	h, err := netns.GetFromPath(path)
+	if err != nil {
+		return false, err
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return false, err
+	}
+	defer nl.Close()
+	addrs, err := nl.AddrList(nil, netlink.FAMILY_V6)
+	if err != nil {
+		return false, err
+	}
+	for _, a := range addrs {
+		if a.IP.IsGlobalUnicast() {
+			return true, nil
+		}
+	}
+	return false, nil
 }

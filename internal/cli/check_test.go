@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,11 +24,15 @@ func TestCheckCNIConfig(t *testing.T) {
 	}{
 		{"no config", nil, "none found"},
 		{"primary only", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`},
-			`the last plugin is "bridge", not detour-cni`},
+			"has no detour-cni entry"},
+		{"detour first", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"detour-cni"},{"type":"bridge"}]}`},
+			"is the first plugin"},
+		{"another plugin after detour", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni"},{"type":"bandwidth"}]}`},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin"},
 		{"installed", map[string]string{
 			"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"KUBECONFIG"}]}`,
 			"99-other.conflist":  `{"cniVersion":"1.1.0","name":"other","plugins":[{"type":"bridge"}]}`},
-			"✓ 10-bridge.conflist (the configuration the runtime uses) ends with detour-cni\n✓ the plugin's kubeconfig"},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin\n✓ the plugin's kubeconfig"},
 		{"bad entry", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","apiTimeout":"forever"}]}`},
 			`apiTimeout "forever" is not valid`},
 		{"kubeconfig missing", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"/nonexistent/kubeconfig"}]}`},
@@ -79,7 +84,13 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 	if err != nil || !strings.Contains(out, "✓ Pod web: the ipv4 rules in "+ns.Path+" are exactly what detour-cni installs") {
 		t.Fatalf("check after installing the rules: %v\n%s", err, out)
 	}
-	if strings.Contains(out, "ipv6 rules") {
-		t.Errorf("an IPv4-only pod's IPv6 rules were checked:\n%s", out)
+	if !strings.Contains(out, "✓ Pod web: no IPv6 address in "+ns.Path+", and no IPv6 rules") {
+		t.Errorf("an IPv4-only pod's IPv6 check:\n%s", out)
+	}
+
+	// A pod with an IPv6 address must have IPv6 rules.
+	testenv.Link(t, ns, "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::2/64")}, testenv.NewNetNS(t), "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::1/64")})
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check rules in") || !strings.Contains(out, "ipv6") {
+		t.Fatalf("check of a dual-stack pod without IPv6 rules: %v\n%s", err, out)
 	}
 }

@@ -2,7 +2,9 @@ package webhook
 
 import (
 	"encoding/json"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,7 +27,7 @@ import (
 // JSON, less what merely decoding and encoding it changes.
 func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOperation, bool) {
 	// A pod without a spec (never a real one) may lack the "spec" member the paths need.
-	if !sameExceptAnnotationsAndContainers(orig, mutated) || reflect.DeepEqual(orig.Spec, corev1.PodSpec{}) {
+	if !sameExceptAnnotationsAndContainers(orig, mutated) || reflect.ValueOf(&orig.Spec).Elem().IsZero() {
 		return nil, false
 	}
 	var ops []jsonpatch.JsonPatchOperation
@@ -40,14 +42,15 @@ func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOp
 		}
 		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", mutated.Annotations))
 	default:
-		for k := range orig.Annotations {
+		// In key order, so that the same pod always gets the same patch.
+		for _, k := range slices.Sorted(maps.Keys(orig.Annotations)) {
 			if _, ok := mutated.Annotations[k]; !ok {
 				ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(k), nil))
 			}
 		}
-		for k, v := range mutated.Annotations {
-			if old, ok := orig.Annotations[k]; !ok || old != v {
-				ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escape(k), v))
+		for _, k := range slices.Sorted(maps.Keys(mutated.Annotations)) {
+			if old, ok := orig.Annotations[k]; !ok || old != mutated.Annotations[k] {
+				ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escape(k), mutated.Annotations[k]))
 			}
 		}
 	}
@@ -94,7 +97,7 @@ func sameExceptAnnotationsAndContainers(a, b *corev1.Pod) bool {
 	x.Annotations, y.Annotations = nil, nil
 	x.Spec.InitContainers, y.Spec.InitContainers = nil, nil
 	x.Spec.Containers, y.Spec.Containers = nil, nil
-	return reflect.DeepEqual(&x, &y) // b is a deep copy of a: untouched parts are identical
+	return equalValues(&x, &y) // b is a deep copy of a: untouched parts are identical
 }
 
 // containerOps turns the list before into after, matching containers by name; raw returns
@@ -154,12 +157,14 @@ func containerOps(path string, before, after []corev1.Container, raw func() ([]j
 	var list []json.RawMessage
 	for _, i := range kept {
 		j := inAfter[before[i].Name]
-		if reflect.DeepEqual(&before[i], &after[j]) {
-			continue
-		}
+		// fieldOps compares field by field: no operations means the containers are equal,
+		// and declining means they differ (in a way it does not handle).
 		prefix := path + "/" + strconv.Itoa(j)
 		if sub, ok := fieldOps(prefix, reflect.ValueOf(&before[i]).Elem(), reflect.ValueOf(&after[j]).Elem(), 0); ok {
 			ops = append(ops, sub...)
+			continue
+		}
+		if equalValues(&before[i], &after[j]) {
 			continue
 		}
 		a, err1 := json.Marshal(&before[i])
@@ -235,7 +240,7 @@ func fieldOps(prefix string, a, b reflect.Value, depth int) ([]jsonpatch.JsonPat
 	var ops []jsonpatch.JsonPatchOperation
 	for _, f := range fs {
 		fa, fb := a.Field(f.index), b.Field(f.index)
-		if reflect.DeepEqual(fa.Interface(), fb.Interface()) {
+		if deepEqual(fa, fb) {
 			continue
 		}
 		path := prefix + "/" + escape(f.name)

@@ -43,7 +43,7 @@ func BenchmarkHandle(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				if resp := h.Handle(ctx, req); !resp.Allowed || len(resp.Patches) == 0 {
+				if resp := h.Handle(ctx, req); !resp.Allowed || !patched(resp) {
 					b.Fatalf("response %+v", resp.Result)
 				}
 			}

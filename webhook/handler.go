@@ -142,6 +142,14 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	} else {
 		resp = h.inner.Handle(context.WithValue(ctx, reportKey{}, rep), req)
 	}
+	if len(resp.Patches) > 0 {
+		// What admission.Response.Complete would do, with the same bytes, at half the cost.
+		// Should encoding fail, Patches stay for Complete to fail on.
+		if b, err := marshalPatch(resp.Patches); err == nil {
+			pt := admissionv1.PatchTypeJSONPatch
+			resp.Patch, resp.PatchType, resp.Patches = b, &pt, nil
+		}
+	}
 
 	rep.mu.Lock()
 	warnings, res := rep.warnings, rep.result

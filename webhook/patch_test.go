@@ -1,13 +1,18 @@
 package webhook
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"testing"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
+	gomodjsonpatch "gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/detourmesh/detour/webhook/load"
 )
 
 // fieldOps, applied to the JSON of a (as the API server sent it, with a field this version does
@@ -77,4 +82,52 @@ func TestFieldOps(t *testing.T) {
 			}
 		})
 	}
+}
+
+// marshalPatch writes what json.Marshal writes, byte for byte.
+func TestMarshalPatch(t *testing.T) {
+	c := load.Pod().Spec.Containers[0]
+	c.Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1.5")
+	var nilPtr *int64
+	for _, ops := range [][]gomodjsonpatch.JsonPatchOperation{
+		nil,
+		{},
+		{gomodjsonpatch.NewOperation("add", "/spec/containers/0", c)},
+		{
+			gomodjsonpatch.NewOperation("add", "/metadata/annotations/a~1b", `<&> "quoted" `+"\u2028 \xff tab\t"),
+			gomodjsonpatch.NewOperation("remove", "/spec/x", nil),
+			gomodjsonpatch.NewOperation("replace", "/spec/y", nil),
+			gomodjsonpatch.NewOperation("add", "/spec/z", nil),
+			gomodjsonpatch.NewOperation("test", "/spec/z", nil),
+			gomodjsonpatch.NewOperation("add", "/spec/p", nilPtr),
+			gomodjsonpatch.NewOperation("add", "/spec/q", ptr(int64(2600))),
+			gomodjsonpatch.NewOperation("add", "/metadata/annotations", map[string]string{"z": "1", "a": "<b>"}),
+			gomodjsonpatch.NewOperation("add", "/spec/list", []corev1.Container{c, {Name: "x"}}),
+			gomodjsonpatch.NewOperation("add", "/spec/f", 1.5e300),
+		},
+	} {
+		want, err := json.Marshal(ops)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := marshalPatch(ops)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Errorf("marshalPatch = %s, %v\njson.Marshal = %s", got, err, want)
+		}
+	}
+	if _, err := marshalPatch([]gomodjsonpatch.JsonPatchOperation{gomodjsonpatch.NewOperation("add", "/f", func() {})}); err == nil {
+		t.Error("marshalPatch encoded a function")
+	}
+}
+
+func FuzzMarshalPatch(f *testing.F) {
+	f.Add("add", "/metadata/annotations/x", "v<>&\u2028")
+	f.Add("remove", "/a~1b", "")
+	f.Fuzz(func(t *testing.T, op, path, value string) {
+		ops := []gomodjsonpatch.JsonPatchOperation{gomodjsonpatch.NewOperation(op, path, value), gomodjsonpatch.NewOperation(op, path, nil)}
+		want, _ := json.Marshal(ops)
+		if got, _ := marshalPatch(ops); !bytes.Equal(got, want) {
+			t.Fatalf("marshalPatch = %s\njson.Marshal = %s", got, want)
+		}
+	})
 }

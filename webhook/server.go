@@ -216,12 +216,12 @@ func Run(ctx context.Context, o Options) error {
 	m := defaultMetrics()
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
-	mgr.GetWebhookServer().Register(MutatePath, &admission.Webhook{
+	mgr.GetWebhookServer().Register(MutatePath, &reviewHandler{wh: &admission.Webhook{
 		Handler: handler,
 		// The handler logs each admission itself; controller-runtime's per-request logger
 		// would only cost allocations.
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base },
-	})
+	}})
 
 	if certs != nil {
 		if err := mgr.Add(manager.RunnableFunc(certs.Run)); err != nil {

@@ -109,7 +109,8 @@ type namespaceCache struct {
 
 func (n *namespaceCache) NamespaceAnnotations(ctx context.Context, name string) (map[string]string, error) {
 	m := namespaceMeta()
-	err := n.cached.Get(ctx, client.ObjectKey{Name: name}, m)
+	// No copy of the cached object: only its annotations are read, and never modified.
+	err := n.cached.Get(ctx, client.ObjectKey{Name: name}, m, client.UnsafeDisableDeepCopy)
 	if apierrors.IsNotFound(err) {
 		n.misses()
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)

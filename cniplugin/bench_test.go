@@ -118,7 +118,9 @@ func printChainTable(conc int, scenarios []scenario, stats []chainStats) {
 	w.Flush()
 	fmt.Println("detour-cni's increment over the primary plugin alone (difference of medians, ms):")
 	for i := 1; i < len(scenarios); i++ {
-		d := func(of func(chainStats) []time.Duration) float64 { return ms(median(of(stats[i]))) - ms(median(of(stats[0]))) }
+		d := func(of func(chainStats) []time.Duration) float64 {
+			return ms(median(of(stats[i]))) - ms(median(of(stats[0])))
+		}
 		fmt.Printf("  %-36s ADD %+6.1f   CHECK %+6.1f   DEL %+6.1f\n", scenarios[i].name, d(addOf), d(checkOf), d(delOf))
 	}
 }

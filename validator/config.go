@@ -109,24 +109,36 @@ func (f Flags) Parse() (Config, error) {
 }
 
 func parseSentinel(flag, value string, six bool) (netip.AddrPort, error) {
+	ap, rule := ParseSentinel(value, six)
+	if rule != "" {
+		return ap, usageError(flag, value, rule)
+	}
+	return ap, nil
+}
+
+// ParseSentinel parses a sentinel address: an IPv4 (or, when six, IPv6) unicast address outside
+// the pod and a port. When value is not one, rule says what it must be ("must be an IPv4
+// address and port, such as 203.0.113.254:80"). The webhook checks its configuration with it,
+// so that a sentinel the validator would refuse never reaches a pod.
+func ParseSentinel(value string, six bool) (ap netip.AddrPort, rule string) {
 	example, family := DefaultSentinel, "an IPv4"
 	if six {
 		example, family = DefaultSentinel6, "an IPv6"
 	}
 	ap, err := netip.ParseAddrPort(value)
 	if err != nil {
-		return ap, usageError(flag, value, fmt.Sprintf("must be %s address and port, such as %s", family, example))
+		return ap, fmt.Sprintf("must be %s address and port, such as %s", family, example)
 	}
 	a := ap.Addr()
 	switch {
 	case a.Is4() == six || a.Is4In6():
-		return ap, usageError(flag, value, fmt.Sprintf("must be %s address and port, such as %s", family, example))
+		return ap, fmt.Sprintf("must be %s address and port, such as %s", family, example)
 	case a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() || a.Zone() != "":
-		return ap, usageError(flag, value, "must be a unicast address outside the pod (loopback is never redirected), such as "+example)
+		return ap, "must be a unicast address outside the pod (loopback is never redirected), such as " + example
 	case ap.Port() == 0:
-		return ap, usageError(flag, value, "must have a port from 1 to 65535, such as "+example)
+		return ap, "must have a port from 1 to 65535, such as " + example
 	}
-	return ap, nil
+	return ap, ""
 }
 
 // Error is a validator failure with the exit code it stands for. Its message is one line for a

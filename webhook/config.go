@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/version"
+	"github.com/detourmesh/detour/validator"
 )
 
 // DefaultConfigPath is where `detour webhook` reads its configuration (a mounted ConfigMap).
@@ -103,9 +103,10 @@ type Validator struct {
 	ImagePullPolicy corev1.PullPolicy
 	UID, GID        uint32
 	Timeout         time.Duration
-	// Sentinel is an optional host:port the validator dials; empty leaves it to the validator.
-	Sentinel  string
-	Resources corev1.ResourceRequirements
+	// Sentinel and Sentinel6 are the addresses (IPv4 and IPv6 literal with a port) the validator
+	// dials; empty leaves the validator's default.
+	Sentinel, Sentinel6 string
+	Resources           corev1.ResourceRequirements
 }
 
 // GIDRange is an inclusive range of GIDs.
@@ -171,6 +172,7 @@ type ValidatorFile struct {
 	GID             *int64                       `json:"gid,omitempty"`
 	Timeout         *metav1.Duration             `json:"timeout,omitempty"`
 	Sentinel        string                       `json:"sentinel,omitempty"`
+	Sentinel6       string                       `json:"sentinel6,omitempty"`
 	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
 }
 
@@ -349,13 +351,21 @@ func (f *File) complete() (*Config, error) {
 			check(invalid("validator.timeout", v.Timeout.Duration, "use a positive duration such as 5s"))
 		}
 	}
-	if v.Sentinel != "" {
-		host, portStr, err := net.SplitHostPort(v.Sentinel)
-		port, perr := strconv.Atoi(portStr)
-		if err != nil || host == "" || perr != nil || port < 1 || port > 65535 {
-			check(invalid("validator.sentinel", v.Sentinel, "write it as host:port, e.g. 10.96.0.1:443"))
+	for _, s := range []struct {
+		field, value string
+		six          bool
+		to           *string
+	}{
+		{"validator.sentinel", v.Sentinel, false, &c.Validator.Sentinel},
+		{"validator.sentinel6", v.Sentinel6, true, &c.Validator.Sentinel6},
+	} {
+		if s.value == "" {
+			continue
 		}
-		c.Validator.Sentinel = v.Sentinel
+		if _, rule := validator.ParseSentinel(s.value, s.six); rule != "" {
+			check(invalid(s.field, strconv.Quote(s.value), "it %s", rule))
+		}
+		*s.to = s.value
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
 	check(checkResources("validator.resources", c.Validator.Resources))

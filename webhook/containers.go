@@ -32,6 +32,9 @@ func ValidatorCommand(cfg *Config) []string {
 	if cfg.Validator.Sentinel != "" {
 		cmd = append(cmd, "--sentinel="+cfg.Validator.Sentinel)
 	}
+	if cfg.Validator.Sentinel6 != "" {
+		cmd = append(cmd, "--sentinel6="+cfg.Validator.Sentinel6)
+	}
 	return cmd
 }
 

@@ -274,15 +274,19 @@ func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
 	return used
 }
 
-// proxyUIDWarnings warns about containers that run as the proxy's UID: their traffic is never
+// proxyUIDConflicts records, as a warning and as a refusal (used under conflictPolicy deny),
+// each container that must stay redirected but runs as the proxy's UID: its traffic is never
 // redirected.
-func proxyUIDWarnings(pod *corev1.Pod, cfg *Config) []string {
-	var w []string
+func (e *exemptions) proxyUIDConflicts(pod *corev1.Pod, cfg *Config) {
 	check := func(what string, c *corev1.Container) {
-		if uid := effectiveUID(pod, c); uid != nil && *uid == int64(cfg.Proxy.UID) {
-			w = append(w, fmt.Sprintf(
-				"detour: %s runs as the proxy's UID %d, so its traffic is never redirected to the proxy; run it as another UID", what, *uid))
+		uid := effectiveUID(pod, c)
+		if uid == nil || *uid != int64(cfg.Proxy.UID) {
+			return
 		}
+		e.warnings = append(e.warnings, fmt.Sprintf(
+			"detour: %s runs as the proxy's UID %d, so its traffic is never redirected to the proxy; run it as another UID", what, *uid))
+		e.refusals = append(e.refusals, fmt.Sprintf(
+			"%s runs as the proxy's UID %d, so its traffic would bypass the proxy; to fix the pod, set its securityContext.runAsUser to another UID", what, *uid))
 	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
@@ -295,5 +299,4 @@ func proxyUIDWarnings(pod *corev1.Pod, cfg *Config) []string {
 			check(fmt.Sprintf("sidecar %q", c.Name), c)
 		}
 	}
-	return w
 }

@@ -123,19 +123,11 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	switch {
-	case mode == "":
-		return Result{Outcome: Skipped, Reason: SkipNotEnabled}, nil
-	case mode == annotations.InjectDisabled:
-		return Result{Outcome: Skipped, Reason: SkipDisabled}, nil
-	case slices.Contains(cfg.ExcludeNamespaces, namespace):
-		return Result{Outcome: Skipped, Reason: SkipExcludedNamespace}, nil
-	case pod.Labels[PartOfLabel] == PartOfValue:
-		return Result{Outcome: Skipped, Reason: SkipDetourPod}, nil
-	case pod.Spec.HostNetwork:
-		return Result{Outcome: Skipped, Reason: SkipHostNetwork}, nil
-	case pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows:
-		return Result{Outcome: Skipped, Reason: SkipWindows}, nil
+	if reason := skipReason(pod, mode, namespace, cfg); reason != "" {
+		// A pod the webhook leaves alone must not carry the webhook's annotations either: the
+		// plugin would act on a forged injected marker or exemption.
+		stripAnnotations(pod)
+		return Result{Outcome: Skipped, Reason: reason}, nil
 	}
 	s, err := u.parse(cfg)
 	if err != nil {
@@ -158,11 +150,11 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	} else {
 		ex = decide(pod, cfg, s)
 	}
+	ex.proxyUIDConflicts(pod, cfg)
 	for _, d := range ex.decisions {
 		res.Decisions = append(res.Decisions, d.Decision)
 	}
 	res.Warnings = append(res.Warnings, ex.warnings...)
-	res.Warnings = append(res.Warnings, proxyUIDWarnings(pod, cfg)...)
 	if len(ex.refusals) > 0 && cfg.ConflictPolicy == ConflictDeny {
 		return res, &DenialError{Reasons: ex.refusals}
 	}
@@ -217,6 +209,25 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	return res, nil
 }
 
+// skipReason says why the pod is not injected (one of the Skip* constants), or "" when it is.
+func skipReason(pod *corev1.Pod, mode annotations.InjectMode, namespace string, cfg *Config) string {
+	switch {
+	case mode == "":
+		return SkipNotEnabled
+	case mode == annotations.InjectDisabled:
+		return SkipDisabled
+	case slices.Contains(cfg.ExcludeNamespaces, namespace):
+		return SkipExcludedNamespace
+	case pod.Labels[PartOfLabel] == PartOfValue:
+		return SkipDetourPod
+	case pod.Spec.HostNetwork:
+		return SkipHostNetwork
+	case pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows:
+		return SkipWindows
+	}
+	return ""
+}
+
 // strip removes a previous injection: the injected containers and every webhook-written
 // annotation (including values a pod author forged).
 func strip(pod *corev1.Pod) {
@@ -225,6 +236,11 @@ func strip(pod *corev1.Pod) {
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
+	stripAnnotations(pod)
+}
+
+// stripAnnotations removes every webhook-written annotation.
+func stripAnnotations(pod *corev1.Pod) {
 	for _, k := range annotations.WebhookKeys {
 		delete(pod.Annotations, k)
 	}

@@ -308,6 +308,18 @@ func TestMutate(t *testing.T) {
 			want: want{denial: []string{`use "enabled" or "disabled"`}},
 		},
 		{name: "not opted in", pod: newPod(), ns: map[string]string{}, want: want{outcome: Skipped, reason: SkipNotEnabled}},
+		{
+			name: "a skipped pod loses forged webhook annotations",
+			pod: newPod(annotate(annotations.Injected, "v0.1.0", annotations.ExemptUIDs, "1000",
+				annotations.RedirectSkipOutboundCIDRs, "0.0.0.0/0", "team", "shop")),
+			ns:   map[string]string{},
+			want: want{outcome: Skipped, reason: SkipNotEnabled},
+		},
+		{
+			name: "an opted-out pod loses forged webhook annotations",
+			pod:  newPod(annotate(annotations.Inject, "disabled", annotations.Injected, "v0.1.0", annotations.ProxyUID, "1000")),
+			want: want{outcome: Skipped, reason: SkipDisabled},
+		},
 		{name: "pod opts in without the namespace", pod: newPod(annotate(annotations.Inject, "enabled")), ns: map[string]string{},
 			want: want{outcome: Injected}},
 		{name: "pod opts out of an opted-in namespace", pod: newPod(annotate(annotations.Inject, "disabled")),
@@ -331,6 +343,23 @@ func TestMutate(t *testing.T) {
 			name: "an app container running as the proxy UID is reported",
 			pod:  newPod(apps(container("app", DefaultProxyUID, unset))),
 			want: want{warnings: []string{`app container "app" runs as the proxy's UID 2102, so its traffic is never redirected`}},
+		},
+		{
+			name: "an app container running as the proxy UID is denied under deny",
+			cfg:  "conflictPolicy: deny",
+			pod:  newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(DefaultProxyUID))}), apps(container("app", unset, unset))),
+			want: want{denial: []string{`app container "app" runs as the proxy's UID 2102`, "set its securityContext.runAsUser to another UID"}},
+		},
+		{
+			name:   "a sidecar running as the proxy UID is denied under deny, in native mode too",
+			cfg:    "conflictPolicy: deny",
+			native: true,
+			pod: newPod(inits(func() corev1.Container {
+				c := container("log-shipper", DefaultProxyUID, unset)
+				c.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways)
+				return c
+			}())),
+			want: want{denial: []string{`sidecar "log-shipper" runs as the proxy's UID 2102`}},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -371,8 +400,18 @@ func checkResult(t *testing.T, before, pod *corev1.Pod, res Result, cfg *Config,
 		if w.reason != "" && res.Reason != w.reason {
 			t.Errorf("skip reason = %s, want %s", res.Reason, w.reason)
 		}
+		// A skipped pod loses the webhook's annotations, and nothing else.
+		before = before.DeepCopy()
+		for _, k := range annotations.WebhookKeys {
+			delete(before.Annotations, k)
+		}
 		if !reflect.DeepEqual(before, pod) {
-			t.Errorf("a skipped pod was changed")
+			t.Errorf("a skipped pod was changed beyond losing the webhook's annotations")
+		}
+		for _, k := range annotations.WebhookKeys {
+			if v, ok := pod.Annotations[k]; ok {
+				t.Errorf("a skipped pod keeps the webhook's annotation %s=%q", k, v)
+			}
 		}
 		return
 	}

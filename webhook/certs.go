@@ -39,6 +39,13 @@ const (
 	caRenewBefore     = 365 * 24 * time.Hour
 	servingRenewAfter = 2 * servingLifetime / 3
 	certResync        = 10 * time.Minute
+	// caPublishDelay is how long a new CA is in the caBundle before it signs a serving
+	// certificate that replaces a valid one, so that the API server trusts the new certificate
+	// before any replica serves it.
+	caPublishDelay = 2 * certResync
+	// backdate is how far NotBefore lies in the past, for clock skew between the replicas and
+	// the API server.
+	backdate = time.Hour
 )
 
 // Certificates keeps the webhook's own CA and serving certificate (the Helm chart's
@@ -46,7 +53,10 @@ const (
 // every replica; each replica writes the serving pair into its certificate directory, where the
 // server's watcher picks it up, and keeps the MutatingWebhookConfiguration's caBundle current.
 // The serving certificate is renewed after two thirds of its year, the CA a year before it
-// expires (the caBundle then holds both CAs until the old one expires).
+// expires. A new CA joins the caBundle next to the old one (until the old one expires), and
+// the caBundle is published before the serving files are written; a serving certificate that is
+// still valid is replaced by one the new CA signs only after caPublishDelay, so the API server
+// never meets a certificate it does not trust yet.
 type Certificates struct {
 	Client kubernetes.Interface
 	// Namespace and SecretName name the Secret.
@@ -114,10 +124,10 @@ func (c *Certificates) Ensure(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("keep the webhook certificate in secret %s/%s: %w", c.Namespace, c.SecretName, err)
 	}
-	if err := c.writeFiles(secret); err != nil {
+	if err := c.setCABundle(ctx, secret.Data[SecretCACert]); err != nil {
 		return err
 	}
-	return c.setCABundle(ctx, secret.Data[SecretCACert])
+	return c.writeFiles(secret)
 }
 
 // renew fills in or renews the certificates in s; it reports whether it changed anything.
@@ -126,35 +136,52 @@ func (c *Certificates) renew(s *corev1.Secret) (bool, error) {
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	caCerts := parseCerts(s.Data[SecretCACert])
+	bundle := parseCerts(s.Data[SecretCACert])
 	caKey := parseKey(s.Data[SecretCAKey])
 	changed := false
-	if len(caCerts) == 0 || caKey == nil || now.Add(caRenewBefore).After(caCerts[0].NotAfter) || !sameKey(caCerts[0], caKey) {
+	if len(bundle) == 0 || caKey == nil || now.Add(caRenewBefore).After(bundle[0].NotAfter) || !sameKey(bundle[0], caKey) {
 		ca, key, err := newCA(now)
 		if err != nil {
 			return false, err
 		}
-		bundle := pemCert(ca)
+		trusted := pemCert(ca)
 		// Keep trusting the previous CA while certificates it signed may still be served.
-		if len(caCerts) > 0 && now.Before(caCerts[0].NotAfter) {
-			bundle = append(bundle, pemCert(caCerts[0])...)
+		if len(bundle) > 0 && now.Before(bundle[0].NotAfter) {
+			trusted = append(trusted, pemCert(bundle[0])...)
 		}
-		s.Data[SecretCACert], s.Data[SecretCAKey] = bundle, pemKey(key)
-		caCerts, caKey = []*x509.Certificate{ca}, key
+		s.Data[SecretCACert], s.Data[SecretCAKey] = trusted, pemKey(key)
+		bundle, caKey = parseCerts(trusted), key
 		changed = true
 	}
+	ca := bundle[0]
+	if leaf := c.usableServing(s, bundle, now); leaf != nil &&
+		(now.Before(leaf.NotBefore.Add(servingRenewAfter)) || now.Before(ca.NotBefore.Add(backdate+caPublishDelay))) {
+		return changed, nil
+	}
+	cert, key, err := newServing(now, ca, caKey, c.DNSNames())
+	if err != nil {
+		return false, err
+	}
+	s.Data[SecretCert], s.Data[SecretKey] = pemCert(cert), pemKey(key)
+	return true, nil
+}
+
+// usableServing returns the serving certificate in s when it can go on being served: it
+// parses with its key, is valid now for the service's names, and a CA of the bundle signed it.
+func (c *Certificates) usableServing(s *corev1.Secret, bundle []*x509.Certificate, now time.Time) *x509.Certificate {
 	serving := parseCerts(s.Data[SecretCert])
-	if changed || len(serving) == 0 || parseKey(s.Data[SecretKey]) == nil ||
-		now.After(serving[0].NotBefore.Add(servingRenewAfter)) || now.After(serving[0].NotAfter) ||
-		!slices.Equal(serving[0].DNSNames, c.DNSNames()) || serving[0].CheckSignatureFrom(caCerts[0]) != nil {
-		cert, key, err := newServing(now, caCerts[0], caKey, c.DNSNames())
-		if err != nil {
-			return false, err
-		}
-		s.Data[SecretCert], s.Data[SecretKey] = pemCert(cert), pemKey(key)
-		changed = true
+	key := parseKey(s.Data[SecretKey])
+	if len(serving) == 0 || key == nil || !sameKey(serving[0], key) ||
+		now.After(serving[0].NotAfter) || !slices.Equal(serving[0].DNSNames, c.DNSNames()) {
+		return nil
 	}
-	return changed, nil
+	leaf := serving[0]
+	if !slices.ContainsFunc(bundle, func(ca *x509.Certificate) bool {
+		return now.Before(ca.NotAfter) && leaf.CheckSignatureFrom(ca) == nil
+	}) {
+		return nil
+	}
+	return leaf
 }
 
 // writeFiles writes the serving pair into the certificate directory, atomically and only when
@@ -264,7 +291,7 @@ func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	tmpl := &x509.Certificate{
 		SerialNumber:          sn,
 		Subject:               pkix.Name{CommonName: "detour webhook CA"},
-		NotBefore:             now.Add(-time.Hour),
+		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(caLifetime),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
@@ -291,7 +318,7 @@ func newServing(now time.Time, ca *x509.Certificate, caKey *ecdsa.PrivateKey, na
 		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: names[0]},
 		DNSNames:     names,
-		NotBefore:    now.Add(-time.Hour),
+		NotBefore:    now.Add(-backdate),
 		NotAfter:     now.Add(servingLifetime),
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},

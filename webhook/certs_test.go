@@ -105,8 +105,17 @@ func TestCertificates(t *testing.T) {
 		t.Error("the serving certificate was not renewed after two thirds of its life")
 	}
 
-	// A year before the CA expires, a new CA signs a new certificate; the bundle trusts both.
-	now = now.Add(9 * 365 * 24 * time.Hour)
+	// A year before the CA expires, a new CA joins the caBundle; the serving certificate the
+	// old CA signed goes on being served, although it is due, until the API server has had
+	// time to learn the new CA.
+	ca0 := parseCerts(secret.Data[SecretCACert])[0]
+	rotation := ca0.NotAfter.Add(-caRenewBefore).Add(time.Minute)
+	now = rotation.Add(-9 * 30 * 24 * time.Hour) // the last renewal under the old CA
+	if err := c.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lastOld := verify(t, dir, mwcBundle(t, client), now)
+	now = rotation
 	if err := c.Ensure(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -114,10 +123,26 @@ func TestCertificates(t *testing.T) {
 	if n := len(parseCerts(rotated.Data[SecretCACert])); n != 2 {
 		t.Errorf("the caBundle holds %d CAs during the CA rotation, want 2", n)
 	}
-	verify(t, dir, rotated.Data[SecretCACert], now)
-	got, _ = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, "detour", metav1.GetOptions{})
-	if !bytes.Equal(got.Webhooks[0].ClientConfig.CABundle, rotated.Data[SecretCACert]) {
+	if !bytes.Equal(mwcBundle(t, client), rotated.Data[SecretCACert]) {
 		t.Error("the caBundle was not updated with the new CA")
+	}
+	if leaf := verify(t, dir, mwcBundle(t, client), now); !leaf.Equal(lastOld) {
+		t.Error("the serving certificate was replaced in the same step that created the new CA")
+	}
+	now = rotation.Add(certResync)
+	if err := c.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if leaf := verify(t, dir, mwcBundle(t, client), now); !leaf.Equal(lastOld) {
+		t.Error("the serving certificate was replaced before the new CA had been published for caPublishDelay")
+	}
+	now = rotation.Add(caPublishDelay + time.Minute)
+	if err := c.Ensure(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ca1 := parseCerts(rotated.Data[SecretCACert])[0]
+	if leaf := verify(t, dir, mwcBundle(t, client), now); leaf.CheckSignatureFrom(ca1) != nil {
+		t.Error("the due serving certificate was not renewed under the new CA once it was published")
 	}
 
 	// The files are rewritten only when they change.
@@ -129,6 +154,16 @@ func TestCertificates(t *testing.T) {
 	if info2, _ := os.Stat(filepath.Join(dir, "tls.crt")); !info2.ModTime().Equal(info.ModTime()) {
 		t.Error("an unchanged certificate was rewritten")
 	}
+}
+
+// mwcBundle is the caBundle the API server uses: the webhook configuration's.
+func mwcBundle(t *testing.T, client *fake.Clientset) []byte {
+	t.Helper()
+	mwc, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(context.Background(), "detour", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mwc.Webhooks[0].ClientConfig.CABundle
 }
 
 func TestCertificatesMissingConfiguration(t *testing.T) {

@@ -1,13 +1,15 @@
 package cniplugin
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
-	"k8s.io/client-go/transport"
 	"sigs.k8s.io/yaml"
 )
 
@@ -49,17 +51,29 @@ type kubeconfig struct {
 	} `json:"users"`
 }
 
-// loadKubeconfig reads the kubeconfig at path into the API server's URL and a client-go
-// transport configuration. Relative file paths in it are relative to its directory, as
-// kubectl resolves them.
-func loadKubeconfig(path string) (string, *transport.Config, error) {
+// apiAccess is what the plugin takes from a kubeconfig: the API server's URL and how to reach
+// and authenticate to it. Its file paths are absolute.
+type apiAccess struct {
+	Server            string
+	CAFile            string
+	CAData            []byte
+	Insecure          bool
+	ServerName        string
+	Token, TokenFile  string
+	CertFile, KeyFile string
+	CertData, KeyData []byte
+}
+
+// loadKubeconfig reads the current context of the kubeconfig at path. Relative file paths in it
+// are relative to its directory, as kubectl resolves them.
+func loadKubeconfig(path string) (*apiAccess, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return "", nil, err
+		return nil, err
 	}
 	var kc kubeconfig
 	if err := yaml.Unmarshal(data, &kc); err != nil {
-		return "", nil, fmt.Errorf("parse: %w", err)
+		return nil, fmt.Errorf("parse: %w", err)
 	}
 	ctxName := kc.CurrentContext
 	if ctxName == "" && len(kc.Contexts) == 1 {
@@ -73,7 +87,7 @@ func loadKubeconfig(path string) (string, *transport.Config, error) {
 		}
 	}
 	if !found {
-		return "", nil, fmt.Errorf("no context %q", ctxName)
+		return nil, fmt.Errorf("no context %q", ctxName)
 	}
 	dir := filepath.Dir(path)
 	abs := func(p string) string {
@@ -82,42 +96,97 @@ func loadKubeconfig(path string) (string, *transport.Config, error) {
 		}
 		return filepath.Join(dir, p)
 	}
-	cfg := &transport.Config{}
-	var server string
+	a := &apiAccess{}
 	found = false
 	for _, c := range kc.Clusters {
 		if c.Name != clusterName {
 			continue
 		}
 		found = true
-		server = c.Cluster.Server
-		cfg.TLS.CAFile = abs(c.Cluster.CertificateAuthority)
-		cfg.TLS.Insecure = c.Cluster.InsecureSkipTLSVerify
-		cfg.TLS.ServerName = c.Cluster.TLSServerName
-		if cfg.TLS.CAData, err = decode(c.Cluster.CertificateAuthorityData); err != nil {
-			return "", nil, fmt.Errorf("cluster %q: certificate-authority-data: %w", clusterName, err)
+		a.Server = c.Cluster.Server
+		a.CAFile = abs(c.Cluster.CertificateAuthority)
+		a.Insecure = c.Cluster.InsecureSkipTLSVerify
+		a.ServerName = c.Cluster.TLSServerName
+		if a.CAData, err = decode(c.Cluster.CertificateAuthorityData); err != nil {
+			return nil, fmt.Errorf("cluster %q: certificate-authority-data: %w", clusterName, err)
 		}
 	}
-	if !found || server == "" {
-		return "", nil, fmt.Errorf("no cluster %q with a server", clusterName)
+	if !found || a.Server == "" {
+		return nil, fmt.Errorf("no cluster %q with a server", clusterName)
 	}
 	for _, u := range kc.Users {
 		if u.Name != userName {
 			continue
 		}
 		if u.User.Exec != nil || u.User.AuthProvider != nil {
-			return "", nil, errors.New("exec and auth-provider credentials are not supported: use a token, a tokenFile or a client certificate")
+			return nil, errors.New("exec and auth-provider credentials are not supported: use a token, a tokenFile or a client certificate")
 		}
-		cfg.BearerToken, cfg.BearerTokenFile = u.User.Token, abs(u.User.TokenFile)
-		cfg.TLS.CertFile, cfg.TLS.KeyFile = abs(u.User.ClientCertificate), abs(u.User.ClientKey)
-		if cfg.TLS.CertData, err = decode(u.User.ClientCertificateData); err != nil {
-			return "", nil, fmt.Errorf("user %q: client-certificate-data: %w", userName, err)
+		a.Token, a.TokenFile = u.User.Token, abs(u.User.TokenFile)
+		a.CertFile, a.KeyFile = abs(u.User.ClientCertificate), abs(u.User.ClientKey)
+		if a.CertData, err = decode(u.User.ClientCertificateData); err != nil {
+			return nil, fmt.Errorf("user %q: client-certificate-data: %w", userName, err)
 		}
-		if cfg.TLS.KeyData, err = decode(u.User.ClientKeyData); err != nil {
-			return "", nil, fmt.Errorf("user %q: client-key-data: %w", userName, err)
+		if a.KeyData, err = decode(u.User.ClientKeyData); err != nil {
+			return nil, fmt.Errorf("user %q: client-key-data: %w", userName, err)
 		}
 	}
-	return server, cfg, nil
+	return a, nil
+}
+
+// credentials reads what a refers to, with kubectl's precedence (inline data over a file, a
+// token file over an inline token): the TLS configuration and the bearer token. The plugin
+// lives for one command, so it reads the token file once: the next command reads a rotated one.
+func (a *apiAccess) credentials() (*tls.Config, string, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: a.ServerName, InsecureSkipVerify: a.Insecure}
+	ca, err := dataOrFile(a.CAData, a.CAFile, "certificate-authority")
+	if err != nil {
+		return nil, "", err
+	}
+	if len(ca) > 0 {
+		if a.Insecure {
+			return nil, "", errors.New("insecure-skip-tls-verify and a certificate authority exclude each other: remove one")
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(ca) {
+			return nil, "", errors.New("the certificate authority holds no PEM certificate")
+		}
+	}
+	cert, err := dataOrFile(a.CertData, a.CertFile, "client-certificate")
+	if err != nil {
+		return nil, "", err
+	}
+	key, err := dataOrFile(a.KeyData, a.KeyFile, "client-key")
+	if err != nil {
+		return nil, "", err
+	}
+	if len(cert) > 0 || len(key) > 0 {
+		pair, err := tls.X509KeyPair(cert, key)
+		if err != nil {
+			return nil, "", fmt.Errorf("client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	token := a.Token
+	if a.TokenFile != "" {
+		b, err := os.ReadFile(a.TokenFile)
+		if err != nil {
+			return nil, "", fmt.Errorf("token file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	return cfg, token, nil
+}
+
+// dataOrFile returns data, else the content of file, else nothing.
+func dataOrFile(data []byte, file, field string) ([]byte, error) {
+	if len(data) > 0 || file == "" {
+		return data, nil
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", field, err)
+	}
+	return b, nil
 }
 
 func decode(s string) ([]byte, error) {

@@ -2,6 +2,7 @@ package cniplugin
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,8 +10,6 @@ import (
 	"net/http"
 	"net/url"
 	"time"
-
-	"k8s.io/client-go/transport"
 )
 
 // PodMeta is what the plugin needs of a pod from the API server.
@@ -27,32 +26,35 @@ type PodGetter interface {
 // maxAttempts bounds the GETs of one ADD or CHECK; the API timeout bounds their total time.
 const maxAttempts = 5
 
-// apiGetter GETs pods through client-go's transport (TLS, and bearer token files that are
-// re-read when they rotate) and decodes only their metadata. The plugin runs for every pod on
-// the node, so it stays away from client-go's REST client, clientcmd and typed clients: their
-// schemes and serializers cost about 7 ms of every plugin start (docs/benchmarks.md).
+// apiGetter GETs pods with net/http and decodes only their metadata. The plugin runs for every
+// pod on the node, so it stays away from client-go: its REST client, clientcmd and typed
+// clients cost about 7 ms of every plugin start, and even its transport package (klog, HTTP/2,
+// feature gates) 1.6 ms (docs/benchmarks.md). A kubeconfig's TLS settings and token are all a
+// single GET needs.
 type apiGetter struct {
 	client  *http.Client
 	host    *url.URL
+	token   string
 	timeout time.Duration
 	source  string // the kubeconfig path, for messages
 }
 
-// newAPIGetter loads the kubeconfig at path.
+// newAPIGetter loads the kubeconfig at path and the files it refers to.
 func newAPIGetter(path string, timeout time.Duration) (*apiGetter, error) {
-	server, cfg, err := loadKubeconfig(path)
+	a, err := loadKubeconfig(path)
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig %s: %w", path, err)
 	}
-	rt, err := transport.New(cfg)
+	tlsConfig, token, err := a.credentials()
 	if err != nil {
-		return nil, fmt.Errorf("build an API client from kubeconfig %s: %w", path, err)
+		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
-	host, err := url.Parse(server)
+	host, err := url.Parse(a.Server)
 	if err != nil || host.Host == "" {
-		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", path, server)
+		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", path, a.Server)
 	}
-	return &apiGetter{client: &http.Client{Transport: rt, Timeout: timeout}, host: host, timeout: timeout, source: path}, nil
+	transport := &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: tlsConfig}
+	return &apiGetter{client: &http.Client{Transport: transport, Timeout: timeout}, host: host, token: token, timeout: timeout, source: path}, nil
 }
 
 // GetPod GETs the pod, retrying connection failures and server errors with backoff until
@@ -66,6 +68,11 @@ func (g *apiGetter) GetPod(ctx context.Context, namespace, name string) (PodMeta
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		meta, retry, err := g.get(ctx, u.String())
+		var verify *tls.CertificateVerificationError
+		if errors.As(err, &verify) {
+			return PodMeta{}, &apiError{server: g.host.String(), kubeconfig: g.source, attempts: attempt, timeout: g.timeout,
+				err: fmt.Errorf("%w (check the kubeconfig's certificate-authority and tls-server-name)", err)}
+		}
 		if err == nil || !retry {
 			return meta, err
 		}
@@ -95,9 +102,14 @@ func (g *apiGetter) get(ctx context.Context, u string) (meta PodMeta, retry bool
 	}
 	// Ask for metadata only: smaller to send and to decode.
 	req.Header.Set("Accept", "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json")
+	if g.token != "" {
+		req.Header.Set("Authorization", "Bearer "+g.token)
+	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		return meta, true, err
+		// A server whose certificate does not verify will not verify on the next attempt.
+		var verify *tls.CertificateVerificationError
+		return meta, !errors.As(err, &verify), err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
@@ -152,8 +164,12 @@ type apiError struct {
 }
 
 func (e *apiError) Error() string {
-	return fmt.Sprintf("could not read the pod from the API server at %s (kubeconfig %s) in %d attempts within %s: %v",
-		e.server, e.kubeconfig, e.attempts, e.timeout, e.err)
+	attempts := fmt.Sprintf("%d attempts", e.attempts)
+	if e.attempts == 1 {
+		attempts = "1 attempt"
+	}
+	return fmt.Sprintf("could not read the pod from the API server at %s (kubeconfig %s) in %s within %s: %v",
+		e.server, e.kubeconfig, attempts, e.timeout, e.err)
 }
 
 func (e *apiError) Unwrap() error { return e.err }

@@ -164,12 +164,18 @@ func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family
 }
 
 // remove removes family f's rules in the current namespace. A backend without a nat table holds
-// nothing; for one that has a table, the removal of the rules as Apply installs them is tried
-// first, which is one tool run in the usual case, and the table is read only when that fails.
+// nothing. nf_tables is asked over netlink, which needs no tool; should that fail, and for the
+// legacy backend, the removal of the rules as Apply installs them is tried first, which is one
+// tool run in the usual case, and the table is read only when that fails.
 func (e *Executor) remove(ctx context.Context, f Family) error {
 	for _, t := range e.tools(f).found {
 		if !natTableExists(t.backend, f) {
 			continue
+		}
+		if t.backend == BackendNFT {
+			if _, err := nftRemove(f); err == nil {
+				continue
+			}
 		}
 		s := state{tools: t}
 		if e.restore(ctx, s, installedRemoveInput()) == nil {

@@ -5,8 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/vishvananda/netlink/nl"
-	"golang.org/x/sys/unix"
+	"github.com/google/nftables"
 )
 
 // natTableExists reports whether backend b has a nat table for family f in the calling
@@ -27,31 +26,15 @@ func natTableExists(b Backend, f Family) bool {
 	return exists || err != nil
 }
 
-// nftTableExists dumps the nf_tables tables of family f (NFT_MSG_GETTABLE) and looks for name.
+// nftTableExists lists the nf_tables tables of family f and looks for name.
 func nftTableExists(f Family, name string) (bool, error) {
-	family := uint8(unix.AF_INET)
-	if f == IPv6 {
-		family = unix.AF_INET6
-	}
-	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETTABLE, unix.NLM_F_DUMP)
-	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: unix.NFNETLINK_V0})
-	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+	c, err := nftables.New()
 	if err != nil {
 		return false, err
 	}
-	for _, m := range msgs {
-		if len(m) < nl.SizeofNfgenmsg || m[0] != family {
-			continue
-		}
-		attrs, err := nl.ParseRouteAttr(m[nl.SizeofNfgenmsg:])
-		if err != nil {
-			return false, err
-		}
-		for _, a := range attrs {
-			if a.Attr.Type == unix.NFTA_TABLE_NAME && strings.TrimRight(string(a.Value), "\x00") == name {
-				return true, nil
-			}
-		}
+	tables, err := c.ListTablesOfFamily(nftFamily(f))
+	if err != nil {
+		return false, err
 	}
-	return false, nil
+	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == name }), nil
 }

@@ -72,3 +72,64 @@ func TestIntegrationRemoveUnusualTable(t *testing.T) {
 		})
 	}
 }
+
+// countingRunner counts the tool runs of an Executor.
+type countingRunner struct{ n int }
+
+func (r *countingRunner) Run(ctx context.Context, name string, args []string, stdin []byte) ([]byte, error) {
+	r.n++
+	return ExecRunner{}.Run(ctx, name, args, stdin)
+}
+
+// With nf_tables, Remove deletes over netlink without running a tool, in both families, and
+// leaves alone every rule and chain that does not refer to detour's: a foreign chain, a foreign
+// rule in a hook chain, and it also removes a goto to detour's chain from a foreign chain.
+func TestIntegrationRemoveNFTWithoutTools(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	ctx := context.Background()
+	runs := &countingRunner{}
+	exec := NewExecutor(WithBackend(BackendNFT), WithRunner(runs))
+	for _, f := range []Family{IPv4, IPv6} {
+		rs, _ := Build(Config{Family: f, ProxyUID: 1, InboundPort: 1, OutboundPort: 2})
+		if err := exec.Apply(ctx, ns.Path, rs); err != nil {
+			t.Fatal(err)
+		}
+		dst := "192.0.2.7/32"
+		if f == IPv6 {
+			dst = "2001:db8::7/128"
+		}
+		foreign := "*nat\n:MESH_USER - [0:0]\n-A MESH_USER -d " + dst + " -g " + OutboundChain +
+			"\n-A MESH_USER -p udp -j RETURN\n-A OUTPUT -d " + dst + " -j RETURN\nCOMMIT\n"
+		if err := ns.Do(func() error {
+			_, err := exec.runner.Run(ctx, exec.tools(f).found[BackendNFT].restore, []string{"--noflush"}, []byte(foreign))
+			return err
+		}); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+	}
+	runs.n = 0
+	if err := exec.Remove(ctx, ns.Path, IPv4, IPv6); err != nil {
+		t.Fatal(err)
+	}
+	if runs.n != 0 {
+		t.Errorf("Remove ran %d tools; nf_tables removal should need none", runs.n)
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		saved, _, err := exec.Save(ctx, ns.Path, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tb := parseSave(saved)
+		if tb.ours() {
+			t.Errorf("%s: detour's rules survived Remove:\n%s", f, saved)
+		}
+		if !tb.chains["MESH_USER"] || len(tb.rules) != 2 {
+			t.Errorf("%s: Remove should leave the foreign chain with its RETURN rule and the foreign OUTPUT rule, and only them:\n%s", f, saved)
+		}
+	}
+	// Nothing left: removing again succeeds and still runs no tool.
+	runs.n = 0
+	if err := exec.Remove(ctx, ns.Path, IPv4, IPv6); err != nil || runs.n != 0 {
+		t.Errorf("a second Remove: %v, %d tool runs", err, runs.n)
+	}
+}

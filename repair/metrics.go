@@ -19,6 +19,9 @@ const (
 
 	DeferRateLimited  = "rate-limited"
 	DeferNodeNotReady = "node-not-ready"
+	// DeferOwnerBackoff: a replacement of a pod deleted earlier failed again; see the owner
+	// backoff in repair.go.
+	DeferOwnerBackoff = "owner-backoff"
 
 	ActionDelete   = "delete"
 	ActionAnnotate = "annotate"
@@ -57,7 +60,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		PodsDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_deferred_total",
-			Help: "Repairs put off for a while, by reason: rate-limited, node-not-ready.",
+			Help: "Repairs put off for a while, by reason: rate-limited, node-not-ready, owner-backoff.",
 		}, []string{"reason"}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_errors_total",
@@ -67,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{SkipNoController, SkipAlreadyAnnotated, SkipGone} {
 		m.PodsSkipped.WithLabelValues(r)
 	}
-	for _, r := range []string{DeferRateLimited, DeferNodeNotReady} {
+	for _, r := range []string{DeferRateLimited, DeferNodeNotReady, DeferOwnerBackoff} {
 		m.PodsDeferred.WithLabelValues(r)
 	}
 	for _, a := range []string{ActionDelete, ActionAnnotate, ActionEvent, ActionReadNode} {

@@ -115,6 +115,7 @@ type Controller struct {
 	done      map[types.UID]bool // pods acted on (one action, one Event each)
 	readyAt   time.Time          // when the node was last found ready
 	checkedAt time.Time          // when the node was last read
+	owners    map[types.UID]*ownerState
 }
 
 // Option configures a Controller.
@@ -129,6 +130,27 @@ func WithMetrics(m *Metrics) Option { return func(c *Controller) { c.metrics = m
 // nodeCheckInterval is how long a read of the node's ready label is trusted.
 const nodeCheckInterval = 5 * time.Second
 
+// Owner backoff. A pod that replaces one the controller deleted, and fails the same way, means
+// that recreating does not help on this node (a broken node, a sentinel address the network
+// routes): the owner's next deletion then waits ownerBackoffBase, doubling with each such round
+// up to ownerBackoffMax, so the controller never turns kubelet's CrashLoopBackOff into a
+// delete-recreate loop. Pods that failed together (a fresh node's first pods) are not
+// replacements and are repaired at once. An owner without a deletion for ownerBackoffReset
+// starts again. ownerClockSkew allows for the node's clock being behind the API server's.
+const (
+	ownerBackoffBase  = 30 * time.Second
+	ownerBackoffMax   = 10 * time.Minute
+	ownerBackoffReset = 30 * time.Minute
+	ownerClockSkew    = 5 * time.Second
+)
+
+// ownerState is the backoff of one owner: when the controller last deleted one of its pods,
+// and how long a replacement that fails again waits after that.
+type ownerState struct {
+	deleted time.Time
+	delay   time.Duration
+}
+
 // New returns a Controller for cfg's node. Its cache holds only that node's pods: the list and
 // watch carry the field selector spec.nodeName=<node>.
 func New(client kubernetes.Interface, cfg Config, opts ...Option) *Controller {
@@ -139,9 +161,10 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) *Controller {
 		limiter: rate.NewLimiter(cfg.Rate, cfg.Burst),
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "detour-repair"}),
-		now:  time.Now,
-		seen: map[types.UID]bool{},
-		done: map[types.UID]bool{},
+		now:    time.Now,
+		seen:   map[types.UID]bool{},
+		done:   map[types.UID]bool{},
+		owners: map[types.UID]*ownerState{},
 	}
 	for _, o := range opts {
 		o(c)
@@ -278,6 +301,13 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 			return nodeCheckInterval, nil
 		}
 	}
+	if owner != nil {
+		if wait := c.ownerWait(pod, owner); wait > 0 {
+			c.metrics.PodsDeferred.WithLabelValues(DeferOwnerBackoff).Inc()
+			c.log.Info("a replacement pod failed again; backing off before deleting it", "pod", key, "owner", owner.Kind+"/"+owner.Name, "wait", wait.Round(time.Second))
+			return wait, nil
+		}
+	}
 	if !c.limiter.Allow() {
 		c.metrics.PodsDeferred.WithLabelValues(DeferRateLimited).Inc()
 		return time.Duration(float64(time.Second) / float64(c.cfg.Rate)), nil
@@ -286,6 +316,43 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, c.annotate(ctx, pod)
 	}
 	return 0, c.delete(ctx, pod, owner)
+}
+
+// isReplacement reports whether pod was created after the owner's last deletion here.
+func (s *ownerState) isReplacement(pod *corev1.Pod) bool {
+	return !pod.CreationTimestamp.Time.Before(s.deleted.Add(-ownerClockSkew))
+}
+
+// ownerWait is how long the deletion of pod must wait for its owner's backoff.
+func (c *Controller) ownerWait(pod *corev1.Pod, owner *metav1.OwnerReference) time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.owners[owner.UID]
+	if s == nil || !s.isReplacement(pod) {
+		return 0
+	}
+	return s.deleted.Add(s.delay).Sub(c.now())
+}
+
+// deleted records a deletion of one of owner's pods for the backoff.
+func (c *Controller) deleted(pod *corev1.Pod, owner *metav1.OwnerReference) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	for uid, s := range c.owners {
+		if now.Sub(s.deleted) > ownerBackoffReset {
+			delete(c.owners, uid)
+		}
+	}
+	s := c.owners[owner.UID]
+	switch {
+	case s == nil:
+		s = &ownerState{delay: ownerBackoffBase}
+		c.owners[owner.UID] = s
+	case s.isReplacement(pod):
+		s.delay = min(2*s.delay, ownerBackoffMax)
+	}
+	s.deleted = now
 }
 
 func (c *Controller) markDone(pod *corev1.Pod) {
@@ -309,6 +376,7 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 		return fmt.Errorf("delete pod %s/%s: %w (the service account needs delete on pods)", pod.Namespace, pod.Name, err)
 	}
 	c.markDone(pod)
+	c.deleted(pod, owner)
 	c.metrics.PodsDeleted.Inc()
 	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
 		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)

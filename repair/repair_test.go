@@ -379,3 +379,53 @@ func TestRun(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// Pods that failed together are repaired at once; a replacement that fails again waits for
+// its owner's backoff, which doubles, and is per owner.
+func TestSyncOwnerBackoff(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	created := func(p *corev1.Pod, at time.Time) *corev1.Pod {
+		p.CreationTimestamp = metav1.NewTime(at)
+		return p
+	}
+	other := rsOwner("api")
+	other.UID = "rs-api"
+	f := newFixture(t, DefaultFlags(), true,
+		created(failedPod("a", rsOwner("web")), t0.Add(-time.Minute)),
+		created(failedPod("b", rsOwner("web")), t0.Add(-time.Minute)),
+		created(failedPod("c", rsOwner("web")), t0.Add(time.Second)),                // replaces a
+		created(failedPod("d", rsOwner("web")), t0.Add(32*time.Second)),             // replaces c
+		created(failedPod("e", rsOwner("web")), t0.Add(2*time.Hour)),                // long after
+		created(failedPod("f", rsOwner("web")), t0.Add(2*time.Hour+61*time.Second)), // replaces e
+		created(failedPod("x", other), t0.Add(2*time.Second)),                       // another owner
+	)
+	now := t0
+	f.c.now = func() time.Time { return now }
+	sync := func(name string, wantDeleted bool, wantWait time.Duration) {
+		t.Helper()
+		before := len(f.actions("delete"))
+		wait, err := f.sync(t, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if deleted := len(f.actions("delete")) > before; deleted != wantDeleted || wait != wantWait {
+			t.Errorf("at %s, sync %s: deleted %v, wait %s; want %v, %s", now.Sub(t0), name, deleted, wait, wantDeleted, wantWait)
+		}
+	}
+	sync("a", true, 0)
+	sync("b", true, 0) // failed together with a: not a replacement
+	now = t0.Add(2 * time.Second)
+	sync("c", false, 28*time.Second)
+	sync("x", true, 0) // another owner has no backoff
+	now = t0.Add(31 * time.Second)
+	sync("c", true, 0)
+	now = t0.Add(33 * time.Second)
+	sync("d", false, 58*time.Second) // doubled
+	if got := value(f.c.metrics.PodsDeferred.WithLabelValues(DeferOwnerBackoff)); got != 2 {
+		t.Errorf("deferred{owner-backoff} = %v, want 2", got)
+	}
+	now = t0.Add(2*time.Hour + time.Minute)
+	sync("e", true, 0)
+	now = t0.Add(2*time.Hour + 62*time.Second)
+	sync("f", false, 28*time.Second) // the backoff started again from its base
+}

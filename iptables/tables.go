@@ -5,7 +5,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/google/nftables"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // natTableExists reports whether backend b has a nat table for family f in the calling
@@ -26,15 +27,31 @@ func natTableExists(b Backend, f Family) bool {
 	return exists || err != nil
 }
 
-// nftTableExists lists the nf_tables tables of family f and looks for name.
+// nftTableExists dumps the nf_tables tables of family f (NFT_MSG_GETTABLE) and looks for name.
 func nftTableExists(f Family, name string) (bool, error) {
-	c, err := nftables.New()
+	family := uint8(unix.AF_INET)
+	if f == IPv6 {
+		family = unix.AF_INET6
+	}
+	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETTABLE, unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: family, Version: unix.NFNETLINK_V0})
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
 	if err != nil {
 		return false, err
 	}
-	tables, err := c.ListTablesOfFamily(nftFamily(f))
-	if err != nil {
-		return false, err
+	for _, m := range msgs {
+		if len(m) < nl.SizeofNfgenmsg || m[0] != family {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[nl.SizeofNfgenmsg:])
+		if err != nil {
+			return false, err
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == unix.NFTA_TABLE_NAME && strings.TrimRight(string(a.Value), "\x00") == name {
+				return true, nil
+			}
+		}
 	}
-	return slices.ContainsFunc(tables, func(t *nftables.Table) bool { return t.Name == name }), nil
+	return false, nil
 }

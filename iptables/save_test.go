@@ -116,3 +116,27 @@ func TestDiff(t *testing.T) {
 		})
 	}
 }
+
+// Whatever iptables-save prints, the removal input parseSave leads to touches only detour's
+// chains and the jumps to them, and nothing panics.
+func FuzzParseSave(f *testing.F) {
+	rs, _ := Build(Config{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, ExemptUIDs: []uint32{1000}})
+	f.Add(applyInput(rs, table{}))
+	f.Add("*filter\n:INPUT ACCEPT [0:0]\n-A INPUT -j DROP\nCOMMIT\n*nat\n:PREROUTING ACCEPT [3:180]\n-A PREROUTING -j OTHER\nCOMMIT\n")
+	f.Fuzz(func(t *testing.T, out string) {
+		for line := range strings.Lines(removeInput(parseSave(out))) {
+			line = strings.TrimSuffix(line, "\n")
+			switch {
+			case line == "*nat", line == "COMMIT":
+			case strings.HasPrefix(line, "-D "):
+				chain, spec, _ := strings.Cut(line[3:], " ")
+				if !isHook(Rule{Chain: chain, Spec: spec}) {
+					t.Fatalf("the removal deletes a rule that is not a jump to detour's chains: %q", line)
+				}
+			case line == "-F "+InboundChain, line == "-X "+InboundChain, line == "-F "+OutboundChain, line == "-X "+OutboundChain:
+			default:
+				t.Fatalf("unexpected removal line %q", line)
+			}
+		}
+	})
+}

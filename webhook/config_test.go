@@ -96,3 +96,30 @@ func TestLoadConfig(t *testing.T) {
 		t.Errorf("error = %v, want the file and the field", err)
 	}
 }
+
+// Any configuration file either parses into a configuration that keeps the invariants the
+// mutation relies on, or is refused with an error; it never panics.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte("proxy: {image: proxy:1}\n"))
+	f.Add([]byte("proxy: {image: p, uid: 1000, inboundPort: 15006, outboundPort: 15001, adminPorts: [15020, 15021]}\nvalidator: {uid: 1001, sentinel: \"192.0.2.1:80\", sentinel6: \"[2001:db8::1]:80\"}\ngidRange: {first: 3000, last: 3010}\nconflictPolicy: deny\nsidecarMode: native\ninitEgress: \"migrate,fetch\"\n"))
+	f.Add([]byte("proxy: {image: p, resources: {requests: {cpu: 1}}}\nexcludeNamespaces: []\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig(data)
+		if err != nil {
+			return
+		}
+		p, v := cfg.Proxy, cfg.Validator
+		switch {
+		case p.Image == "":
+			t.Fatal("accepted a configuration without a proxy image")
+		case p.UID == 0 || v.UID == 0 || p.UID == v.UID:
+			t.Fatalf("accepted proxy UID %d and validator UID %d", p.UID, v.UID)
+		case p.InboundPort == 0 || p.OutboundPort == 0 || p.InboundPort == p.OutboundPort:
+			t.Fatalf("accepted proxy ports %d and %d", p.InboundPort, p.OutboundPort)
+		case cfg.GIDRange.First == 0 || cfg.GIDRange.First > cfg.GIDRange.Last:
+			t.Fatalf("accepted gidRange %v", cfg.GIDRange)
+		case cfg.GIDRange.Contains(p.GID) || cfg.GIDRange.Contains(v.GID):
+			t.Fatalf("accepted gidRange %v holding the proxy's GID %d or the validator's %d", cfg.GIDRange, p.GID, v.GID)
+		}
+	})
+}

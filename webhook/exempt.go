@@ -74,7 +74,7 @@ type other struct {
 
 // behindProxy is the native-mode outcome: the proxy starts before the user's init containers,
 // which therefore need no exemption.
-func behindProxy(pod *corev1.Pod) exemptions {
+func behindProxy(pod *corev1.Pod, cfg *Config) exemptions {
 	var e exemptions
 	var names []string
 	for i := range pod.Spec.InitContainers {
@@ -84,7 +84,9 @@ func behindProxy(pod *corev1.Pod) exemptions {
 			continue
 		}
 		e.decisions = append(e.decisions, decision{Decision: Decision{Container: c.Name, Via: ViaProxy}, index: i})
-		names = append(names, fmt.Sprintf("%q", c.Name))
+		if !runsAsProxy(pod, c, cfg) { // proxyUIDConflicts speaks of those
+			names = append(names, fmt.Sprintf("%q", c.Name))
+		}
 	}
 	switch len(names) {
 	case 0:
@@ -152,6 +154,9 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 				"detour: init container %q is a sidecar (restartPolicy: Always); like the app containers, its traffic always goes through the proxy", c.Name)
 		case !s.initEgress.Selects(c.Name):
 			d.Via = NotSelected
+			if runsAsProxy(pod, c, cfg) {
+				break // proxyUIDConflicts speaks of it
+			}
 			d.note = fmt.Sprintf(
 				"detour: init container %q is not selected by %s=%q (from %s); its outbound TCP connections go to the proxy, which starts after it, so they fail",
 				c.Name, annotations.InitEgress, s.initEgress.String(), s.initEgressFrom)
@@ -274,29 +279,40 @@ func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
 	return used
 }
 
-// proxyUIDConflicts records, as a warning and as a refusal (used under conflictPolicy deny),
-// each container that must stay redirected but runs as the proxy's UID: its traffic is never
+// runsAsProxy reports whether container c runs as the proxy's UID, whose traffic is never
 // redirected.
+func runsAsProxy(pod *corev1.Pod, c *corev1.Container, cfg *Config) bool {
+	uid := effectiveUID(pod, c)
+	return uid != nil && *uid == int64(cfg.Proxy.UID)
+}
+
+// proxyUIDConflicts records, as a warning and as a refusal (used under conflictPolicy deny),
+// each container that must stay redirected but runs as the proxy's UID, so that its traffic is
+// never redirected: an app container, a user sidecar, an init container that starts behind the
+// proxy (native mode) or that detour.dev/init-egress leaves out. Call it after the decisions.
 func (e *exemptions) proxyUIDConflicts(pod *corev1.Pod, cfg *Config) {
 	check := func(what string, c *corev1.Container) {
-		uid := effectiveUID(pod, c)
-		if uid == nil || *uid != int64(cfg.Proxy.UID) {
+		if c.Name == annotations.ProxyContainer || !runsAsProxy(pod, c, cfg) {
 			return
 		}
 		e.warnings = append(e.warnings, fmt.Sprintf(
-			"detour: %s runs as the proxy's UID %d, so its traffic is never redirected to the proxy; run it as another UID", what, *uid))
+			"detour: %s runs as the proxy's UID %d, so its traffic is never redirected to the proxy; run it as another UID", what, cfg.Proxy.UID))
 		e.refusals = append(e.refusals, fmt.Sprintf(
-			"%s runs as the proxy's UID %d, so its traffic would bypass the proxy; to fix the pod, set its securityContext.runAsUser to another UID", what, *uid))
+			"%s runs as the proxy's UID %d, so its traffic would bypass the proxy; to fix the pod, set its securityContext.runAsUser to another UID", what, cfg.Proxy.UID))
 	}
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
-		if c.Name != annotations.ProxyContainer {
-			check(fmt.Sprintf("app container %q", c.Name), c)
-		}
+		check(fmt.Sprintf("app container %q", c.Name), c)
 	}
-	for i := range pod.Spec.InitContainers {
-		if c := &pod.Spec.InitContainers[i]; isSidecar(c) && c.Name != annotations.ProxyContainer {
+	for _, d := range e.decisions {
+		c := &pod.Spec.InitContainers[d.index]
+		switch d.Via {
+		case Sidecar:
 			check(fmt.Sprintf("sidecar %q", c.Name), c)
+		case ViaProxy:
+			check(fmt.Sprintf("init container %q, which starts after the proxy,", c.Name), c)
+		case NotSelected:
+			check(fmt.Sprintf("init container %q, which %s leaves out,", c.Name, annotations.InitEgress), c)
 		}
 	}
 }

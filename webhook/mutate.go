@@ -146,7 +146,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 
 	var ex exemptions
 	if res.Mode == annotations.SidecarNative {
-		ex = behindProxy(pod)
+		ex = behindProxy(pod, cfg)
 	} else {
 		ex = decide(pod, cfg, s)
 	}

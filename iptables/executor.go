@@ -172,10 +172,12 @@ func (e *Executor) remove(ctx context.Context, f Family) error {
 		if !natTableExists(t.backend, f) {
 			continue
 		}
+		var netlinkErr error
 		if t.backend == BackendNFT {
-			if _, err := nftRemove(f); err == nil {
+			if netlinkErr = nftRemove(f); netlinkErr == nil {
 				continue
 			}
+			netlinkErr = fmt.Errorf("over netlink: %w; then with the tools", netlinkErr)
 		}
 		s := state{tools: t}
 		if e.restore(ctx, s, installedRemoveInput()) == nil {
@@ -183,11 +185,11 @@ func (e *Executor) remove(ctx context.Context, f Family) error {
 		}
 		out, err := e.runner.Run(ctx, t.save, []string{"-t", "nat"}, nil)
 		if err != nil {
-			return fmt.Errorf("read the %s nat table: %w", f, err)
+			return errors.Join(netlinkErr, fmt.Errorf("read the %s nat table: %w", f, err))
 		}
 		if input := removeInput(parseSave(string(out))); input != "" {
 			if err := e.restore(ctx, s, input); err != nil {
-				return err
+				return errors.Join(netlinkErr, err)
 			}
 		}
 	}

@@ -43,12 +43,22 @@ func (t table) ours() bool {
 			return true
 		}
 	}
-	return slices.ContainsFunc(t.rules, isHook)
+	return slices.ContainsFunc(t.rules, refersToOurs)
 }
 
-func isHook(r Rule) bool {
-	return (r.Chain == "PREROUTING" || r.Chain == "OUTPUT") &&
-		(strings.HasSuffix(r.Spec, " -j "+InboundChain) || strings.HasSuffix(r.Spec, " -j "+OutboundChain))
+// refersToOurs reports whether r, a rule of another chain, jumps or goes to one of detour's
+// chains: detour's hooks, or a rule someone else added. Removing detour's chains removes it too,
+// as the kernel refuses to delete a chain that is still referred to.
+func refersToOurs(r Rule) bool {
+	if slices.Contains(Chains(), r.Chain) {
+		return false
+	}
+	for _, c := range Chains() {
+		if strings.HasSuffix(r.Spec, " -j "+c) || strings.HasSuffix(r.Spec, " -g "+c) || r.Spec == "-j "+c || r.Spec == "-g "+c {
+			return true
+		}
+	}
+	return false
 }
 
 func (t table) count(r Rule) int {
@@ -82,8 +92,8 @@ func applyInput(rs Ruleset, t table) string {
 	return b.String()
 }
 
-// removeInput is the iptables-restore --noflush input that deletes every jump to detour's
-// chains and then the chains; empty when t holds nothing of detour's.
+// removeInput is the iptables-restore --noflush input that deletes every rule that jumps or
+// goes to detour's chains and then the chains; empty when t holds nothing of detour's.
 func removeInput(t table) string {
 	if !t.ours() {
 		return ""
@@ -91,7 +101,7 @@ func removeInput(t table) string {
 	var b strings.Builder
 	b.WriteString("*nat\n")
 	for _, r := range t.rules {
-		if isHook(r) {
+		if refersToOurs(r) {
 			b.WriteString("-D " + r.Chain + " " + r.Spec + "\n")
 		}
 	}

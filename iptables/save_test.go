@@ -130,7 +130,7 @@ func FuzzParseSave(f *testing.F) {
 			case line == "*nat", line == "COMMIT":
 			case strings.HasPrefix(line, "-D "):
 				chain, spec, _ := strings.Cut(line[3:], " ")
-				if !isHook(Rule{Chain: chain, Spec: spec}) {
+				if !refersToOurs(Rule{Chain: chain, Spec: spec}) {
 					t.Fatalf("the removal deletes a rule that is not a jump to detour's chains: %q", line)
 				}
 			case line == "-F "+InboundChain, line == "-X "+InboundChain, line == "-F "+OutboundChain, line == "-X "+OutboundChain:

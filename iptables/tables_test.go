@@ -40,8 +40,9 @@ func TestIntegrationNatTableExists(t *testing.T) {
 }
 
 // Remove tries the removal of the rules as Apply installs them; when the table holds something
-// else of detour's (a jump added twice by hand), that attempt changes nothing and Remove reads
-// the table and removes exactly what is there.
+// else of detour's (a jump added twice by hand, a foreign chain that goes to detour's), that
+// attempt changes nothing and Remove reads the table and removes exactly what refers to
+// detour's chains — with either backend, and on nf_tables over netlink.
 func TestIntegrationRemoveUnusualTable(t *testing.T) {
 	for _, b := range []Backend{BackendLegacy, BackendNFT} {
 		t.Run(string(b), func(t *testing.T) {
@@ -52,7 +53,8 @@ func TestIntegrationRemoveUnusualTable(t *testing.T) {
 			if err := exec.Apply(ctx, ns.Path, rs); err != nil {
 				t.Fatal(err)
 			}
-			extra := "*nat\n" + rs.Hooks[1].String() + "\n-A OUTPUT -d 192.0.2.7/32 -j RETURN\nCOMMIT\n"
+			extra := "*nat\n:MESH_USER - [0:0]\n" + rs.Hooks[1].String() + "\n-A OUTPUT -d 192.0.2.7/32 -j RETURN\n" +
+				"-A MESH_USER -d 192.0.2.8/32 -g " + OutboundChain + "\n-A MESH_USER -p udp -j RETURN\nCOMMIT\n"
 			if err := ns.Do(func() error {
 				_, err := exec.runner.Run(ctx, exec.tools(IPv4).found[b].restore, []string{"--noflush"}, []byte(extra))
 				return err
@@ -66,8 +68,8 @@ func TestIntegrationRemoveUnusualTable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tb := parseSave(saved); tb.ours() || len(tb.rules) != 1 {
-				t.Errorf("after Remove the table should hold only the foreign rule:\n%s", saved)
+			if tb := parseSave(saved); tb.ours() || !tb.chains["MESH_USER"] || len(tb.rules) != 2 {
+				t.Errorf("after Remove the table should hold only the foreign chain and the two foreign rules that do not refer to detour's chains:\n%s", saved)
 			}
 		})
 	}

@@ -14,9 +14,10 @@ import (
 )
 
 // kubeconfig is the part of a kubeconfig file the plugin uses: the current context's server,
-// its CA, and a token, token file or client certificate. Exec and auth-provider credentials are
-// not supported: the node agent writes a token-file kubeconfig, and a plugin that runs for
-// every pod should not start other programs to authenticate.
+// its CA and proxy, and a token, token file or client certificate. Exec and auth-provider
+// credentials are refused: the node agent writes a token-file kubeconfig, and a plugin that runs
+// for every pod should not start other programs to authenticate. So are a username and password
+// (no API server accepts basic authentication since Kubernetes 1.19).
 type kubeconfig struct {
 	CurrentContext string `json:"current-context"`
 	Contexts       []struct {
@@ -34,6 +35,7 @@ type kubeconfig struct {
 			CertificateAuthorityData string `json:"certificate-authority-data"`
 			InsecureSkipTLSVerify    bool   `json:"insecure-skip-tls-verify"`
 			TLSServerName            string `json:"tls-server-name"`
+			ProxyURL                 string `json:"proxy-url"`
 		} `json:"cluster"`
 	} `json:"clusters"`
 	Users []struct {
@@ -45,6 +47,8 @@ type kubeconfig struct {
 			ClientCertificateData string `json:"client-certificate-data"`
 			ClientKey             string `json:"client-key"`
 			ClientKeyData         string `json:"client-key-data"`
+			Username              string `json:"username"`
+			Password              string `json:"password"`
 			Exec                  any    `json:"exec"`
 			AuthProvider          any    `json:"auth-provider"`
 		} `json:"user"`
@@ -59,6 +63,7 @@ type apiAccess struct {
 	CAData            []byte
 	Insecure          bool
 	ServerName        string
+	ProxyURL          string // empty: the environment's proxy settings
 	Token, TokenFile  string
 	CertFile, KeyFile string
 	CertData, KeyData []byte
@@ -107,6 +112,7 @@ func loadKubeconfig(path string) (*apiAccess, error) {
 		a.CAFile = abs(c.Cluster.CertificateAuthority)
 		a.Insecure = c.Cluster.InsecureSkipTLSVerify
 		a.ServerName = c.Cluster.TLSServerName
+		a.ProxyURL = c.Cluster.ProxyURL
 		if a.CAData, err = decode(c.Cluster.CertificateAuthorityData); err != nil {
 			return nil, fmt.Errorf("cluster %q: certificate-authority-data: %w", clusterName, err)
 		}
@@ -114,12 +120,17 @@ func loadKubeconfig(path string) (*apiAccess, error) {
 	if !found || a.Server == "" {
 		return nil, fmt.Errorf("no cluster %q with a server", clusterName)
 	}
+	found = false
 	for _, u := range kc.Users {
 		if u.Name != userName {
 			continue
 		}
+		found = true
 		if u.User.Exec != nil || u.User.AuthProvider != nil {
 			return nil, errors.New("exec and auth-provider credentials are not supported: use a token, a tokenFile or a client certificate")
+		}
+		if u.User.Username != "" || u.User.Password != "" {
+			return nil, errors.New("username and password are not supported (API servers refuse basic authentication): use a token, a tokenFile or a client certificate")
 		}
 		a.Token, a.TokenFile = u.User.Token, abs(u.User.TokenFile)
 		a.CertFile, a.KeyFile = abs(u.User.ClientCertificate), abs(u.User.ClientKey)
@@ -129,6 +140,9 @@ func loadKubeconfig(path string) (*apiAccess, error) {
 		if a.KeyData, err = decode(u.User.ClientKeyData); err != nil {
 			return nil, fmt.Errorf("user %q: client-key-data: %w", userName, err)
 		}
+	}
+	if !found && userName != "" {
+		return nil, fmt.Errorf("no user %q", userName)
 	}
 	return a, nil
 }
@@ -168,11 +182,19 @@ func (a *apiAccess) credentials() (*tls.Config, string, error) {
 	}
 	token := a.Token
 	if a.TokenFile != "" {
+		// As client-go: the file's token wins; an inline token stands in when the file cannot
+		// be read or is empty.
 		b, err := os.ReadFile(a.TokenFile)
-		if err != nil {
+		fileToken := strings.TrimSpace(string(b))
+		switch {
+		case err == nil && fileToken != "":
+			token = fileToken
+		case token != "":
+		case err != nil:
 			return nil, "", fmt.Errorf("token file: %w", err)
+		default:
+			return nil, "", fmt.Errorf("token file %s is empty", a.TokenFile)
 		}
-		token = strings.TrimSpace(string(b))
 	}
 	return cfg, token, nil
 }

@@ -91,6 +91,10 @@ users: [{name: u, user: {exec: {command: aws}}}]`, "exec and auth-provider crede
 		{`current-context: a
 contexts: [{name: a, context: {cluster: c, user: u}}]
 clusters: [{name: c, cluster: {server: "https://x", certificate-authority-data: "!!"}}]`, "certificate-authority-data"},
+		{`current-context: a
+contexts: [{name: a, context: {cluster: c, user: nobody}}]
+clusters: [{name: c, cluster: {server: "https://x"}}]
+users: [{name: u, user: {token: t}}]`, `no user "nobody"`},
 	} {
 		_, err := loadKubeconfig(writeKubeconfig(t, tc.content))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -145,18 +149,27 @@ func TestAPIGetterCredentials(t *testing.T) {
 	write("client.crt", string(certPEM))
 	write("client.key", string(keyPEM))
 
+	write("empty-token", "\n")
+	wrongCA, _ := clientPair(t)
+	write("wrong-ca.crt", string(wrongCA))
+	caData := base64.StdEncoding.EncodeToString(caPEM)
+	const ca = "certificate-authority: ca.crt"
 	for _, tc := range []struct {
-		name, user, wantAuth string
-		wantCert             bool
+		name, cluster, user, wantAuth string
+		wantCert                      bool
 	}{
-		{"token file wins over an inline token", "{token: inline, tokenFile: token}", "Bearer file-token", false},
-		{"inline token", "{token: inline}", "Bearer inline", false},
-		{"client certificate files", "{client-certificate: client.crt, client-key: client.key}", "", true},
+		{"token file wins over an inline token", ca, "{token: inline, tokenFile: token}", "Bearer file-token", false},
+		{"inline token", ca, "{token: inline}", "Bearer inline", false},
+		{"an inline token stands in for an empty token file", ca, "{token: inline, tokenFile: empty-token}", "Bearer inline", false},
+		{"an inline token stands in for a missing token file", ca, "{token: inline, tokenFile: missing}", "Bearer inline", false},
+		{"client certificate files", ca, "{client-certificate: client.crt, client-key: client.key}", "", true},
+		{"CA data wins over a CA file", "certificate-authority: wrong-ca.crt, certificate-authority-data: " + caData, "{token: t}", "Bearer t", false},
+		{"tls-server-name names a name the certificate holds", ca + ", tls-server-name: example.com", "{token: t}", "Bearer t", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			write("kubeconfig", `current-context: a
 contexts: [{name: a, context: {cluster: c, user: u}}]
-clusters: [{name: c, cluster: {server: "`+srv.URL+`", certificate-authority: ca.crt}}]
+clusters: [{name: c, cluster: {server: "`+srv.URL+`", `+tc.cluster+`}}]
 users: [{name: u, user: `+tc.user+`}]`)
 			g, err := newAPIGetter(filepath.Join(dir, "kubeconfig"), 5*time.Second)
 			if err != nil {
@@ -175,20 +188,42 @@ users: [{name: u, user: `+tc.user+`}]`)
 		})
 	}
 
-	// A CA that did not sign the server's certificate: the GET fails on TLS, never insecurely.
-	otherCA, _ := clientPair(t)
-	write("other-ca.crt", string(otherCA))
+	// A CA that did not sign the server's certificate, or a server name it does not hold: the
+	// GET fails on TLS at once, never insecurely.
+	for _, cluster := range []string{"certificate-authority: wrong-ca.crt", ca + ", tls-server-name: api.example.org"} {
+		write("kubeconfig", `current-context: a
+contexts: [{name: a, context: {cluster: c, user: u}}]
+clusters: [{name: c, cluster: {server: "`+srv.URL+`", `+cluster+`}}]
+users: [{name: u, user: {token: t}}]`)
+		g, err := newAPIGetter(filepath.Join(dir, "kubeconfig"), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = g.GetPod(context.Background(), "shop", "web")
+		if err == nil || !strings.Contains(err.Error(), "certificate") || !strings.Contains(err.Error(), "in 1 attempt within") {
+			t.Errorf("GetPod with %s = %v, want a certificate error after one attempt", cluster, err)
+		}
+	}
+
+	// proxy-url: the GET goes through that proxy (which refuses it here).
+	var connectTo string
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodConnect {
+			connectTo = r.Host
+		}
+		w.WriteHeader(http.StatusForbidden)
+	}))
+	t.Cleanup(proxy.Close)
 	write("kubeconfig", `current-context: a
 contexts: [{name: a, context: {cluster: c, user: u}}]
-clusters: [{name: c, cluster: {server: "`+srv.URL+`", certificate-authority: other-ca.crt}}]
+clusters: [{name: c, cluster: {server: "`+srv.URL+`", `+ca+`, proxy-url: "`+proxy.URL+`"}}]
 users: [{name: u, user: {token: t}}]`)
-	g, err := newAPIGetter(filepath.Join(dir, "kubeconfig"), time.Second)
+	g, err := newAPIGetter(filepath.Join(dir, "kubeconfig"), 300*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = g.GetPod(context.Background(), "shop", "web")
-	if err == nil || !strings.Contains(err.Error(), "certificate") || !strings.Contains(err.Error(), "in 1 attempt within") {
-		t.Errorf("GetPod with the wrong CA = %v, want a certificate error after one attempt", err)
+	if _, err := g.GetPod(context.Background(), "shop", "web"); err == nil || connectTo != strings.TrimPrefix(srv.URL, "https://") {
+		t.Errorf("GetPod through proxy-url: %v; the proxy saw CONNECT %q", err, connectTo)
 	}
 }
 
@@ -202,6 +237,8 @@ func TestAPIGetterCredentialErrors(t *testing.T) {
 		{`{server: "https://x", certificate-authority: junk.crt}`, `{token: t}`, "holds no PEM certificate"},
 		{`{server: "https://x", certificate-authority: junk.crt, insecure-skip-tls-verify: true}`, `{token: t}`, "exclude each other"},
 		{`{server: "https://x"}`, `{tokenFile: missing}`, "token file: open " + filepath.Join(dir, "missing")},
+		{`{server: "https://x"}`, `{tokenFile: junk.crt, username: u}`, "username and password are not supported"},
+		{`{server: "https://x", proxy-url: "::"}`, `{token: t}`, `proxy-url "::" is not a URL`},
 		{`{server: "https://x"}`, `{client-certificate: junk.crt, client-key: junk.crt}`, "client certificate"},
 		{`{server: "not a url"}`, `{token: t}`, `server "not a url" is not a URL`},
 	} {

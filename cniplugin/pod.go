@@ -53,7 +53,15 @@ func newAPIGetter(path string, timeout time.Duration) (*apiGetter, error) {
 	if err != nil || host.Host == "" {
 		return nil, fmt.Errorf("kubeconfig %s: server %q is not a URL", path, a.Server)
 	}
-	transport := &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: tlsConfig}
+	proxy := http.ProxyFromEnvironment
+	if a.ProxyURL != "" {
+		u, err := url.Parse(a.ProxyURL)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("kubeconfig %s: proxy-url %q is not a URL", path, a.ProxyURL)
+		}
+		proxy = http.ProxyURL(u)
+	}
+	transport := &http.Transport{Proxy: proxy, TLSClientConfig: tlsConfig}
 	return &apiGetter{client: &http.Client{Transport: transport, Timeout: timeout}, host: host, token: token, timeout: timeout, source: path}, nil
 }
 
@@ -68,6 +76,7 @@ func (g *apiGetter) GetPod(ctx context.Context, namespace, name string) (PodMeta
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
 		meta, retry, err := g.get(ctx, u.String())
+		// A server whose certificate does not verify will not verify on the next attempt.
 		var verify *tls.CertificateVerificationError
 		if errors.As(err, &verify) {
 			return PodMeta{}, &apiError{server: g.host.String(), kubeconfig: g.source, attempts: attempt, timeout: g.timeout,
@@ -107,9 +116,7 @@ func (g *apiGetter) get(ctx context.Context, u string) (meta PodMeta, retry bool
 	}
 	resp, err := g.client.Do(req)
 	if err != nil {
-		// A server whose certificate does not verify will not verify on the next attempt.
-		var verify *tls.CertificateVerificationError
-		return meta, !errors.As(err, &verify), err
+		return meta, true, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/informers"
@@ -136,18 +137,19 @@ const nodeCheckInterval = 5 * time.Second
 // up to ownerBackoffMax, so the controller never turns kubelet's CrashLoopBackOff into a
 // delete-recreate loop. Pods that failed together (a fresh node's first pods) are not
 // replacements and are repaired at once. An owner without a deletion for ownerBackoffReset
-// starts again. ownerClockSkew allows for the node's clock being behind the API server's.
+// starts again.
 const (
 	ownerBackoffBase  = 30 * time.Second
 	ownerBackoffMax   = 10 * time.Minute
 	ownerBackoffReset = 30 * time.Minute
-	ownerClockSkew    = 5 * time.Second
 )
 
-// ownerState is the backoff of one owner: when the controller last deleted one of its pods,
-// and how long a replacement that fails again waits after that.
+// ownerState is the backoff of one owner. known are the owner's pods on this node when the
+// round began (its first deletion); any other pod came later, so it is a replacement. Pods are
+// told apart by UID, which no clock can confuse.
 type ownerState struct {
-	deleted time.Time
+	known   map[types.UID]bool
+	deleted time.Time // the last deletion, on this node's clock
 	delay   time.Duration
 }
 
@@ -318,17 +320,12 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	return 0, c.delete(ctx, pod, owner)
 }
 
-// isReplacement reports whether pod was created after the owner's last deletion here.
-func (s *ownerState) isReplacement(pod *corev1.Pod) bool {
-	return !pod.CreationTimestamp.Time.Before(s.deleted.Add(-ownerClockSkew))
-}
-
 // ownerWait is how long the deletion of pod must wait for its owner's backoff.
 func (c *Controller) ownerWait(pod *corev1.Pod, owner *metav1.OwnerReference) time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.owners[owner.UID]
-	if s == nil || !s.isReplacement(pod) {
+	if s == nil || s.known[pod.UID] || c.now().Sub(s.deleted) > ownerBackoffReset {
 		return 0
 	}
 	return s.deleted.Add(s.delay).Sub(c.now())
@@ -336,23 +333,44 @@ func (c *Controller) ownerWait(pod *corev1.Pod, owner *metav1.OwnerReference) ti
 
 // deleted records a deletion of one of owner's pods for the backoff.
 func (c *Controller) deleted(pod *corev1.Pod, owner *metav1.OwnerReference) {
+	now := c.now()
+	var known map[types.UID]bool
+	c.mu.Lock()
+	s := c.owners[owner.UID]
+	fresh := s == nil || now.Sub(s.deleted) > ownerBackoffReset
+	c.mu.Unlock()
+	if fresh {
+		known = c.ownerPods(pod.Namespace, owner.UID)
+		known[pod.UID] = true
+	}
+
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.now()
-	for uid, s := range c.owners {
-		if now.Sub(s.deleted) > ownerBackoffReset {
+	for uid, st := range c.owners {
+		if now.Sub(st.deleted) > ownerBackoffReset {
 			delete(c.owners, uid)
 		}
 	}
-	s := c.owners[owner.UID]
 	switch {
-	case s == nil:
-		s = &ownerState{delay: ownerBackoffBase}
+	case fresh:
+		s = &ownerState{known: known, delay: ownerBackoffBase}
 		c.owners[owner.UID] = s
-	case s.isReplacement(pod):
+	case !s.known[pod.UID]:
 		s.delay = min(2*s.delay, ownerBackoffMax)
 	}
 	s.deleted = now
+}
+
+// ownerPods are the UIDs of the pods of namespace ns that owner controls, in the cache.
+func (c *Controller) ownerPods(ns string, owner types.UID) map[types.UID]bool {
+	uids := map[types.UID]bool{}
+	pods, _ := c.pods.Pods(ns).List(labels.Everything()) // the lister never fails
+	for _, p := range pods {
+		if ref := metav1.GetControllerOf(p); ref != nil && ref.UID == owner {
+			uids[p.UID] = true
+		}
+	}
+	return uids
 }
 
 func (c *Controller) markDone(pod *corev1.Pod) {

@@ -383,24 +383,27 @@ func TestRun(t *testing.T) {
 // Pods that failed together are repaired at once; a replacement that fails again waits for
 // its owner's backoff, which doubles, and is per owner.
 func TestSyncOwnerBackoff(t *testing.T) {
-	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	created := func(p *corev1.Pod, at time.Time) *corev1.Pod {
-		p.CreationTimestamp = metav1.NewTime(at)
-		return p
-	}
 	other := rsOwner("api")
 	other.UID = "rs-api"
-	f := newFixture(t, DefaultFlags(), true,
-		created(failedPod("a", rsOwner("web")), t0.Add(-time.Minute)),
-		created(failedPod("b", rsOwner("web")), t0.Add(-time.Minute)),
-		created(failedPod("c", rsOwner("web")), t0.Add(time.Second)),                // replaces a
-		created(failedPod("d", rsOwner("web")), t0.Add(32*time.Second)),             // replaces c
-		created(failedPod("e", rsOwner("web")), t0.Add(2*time.Hour)),                // long after
-		created(failedPod("f", rsOwner("web")), t0.Add(2*time.Hour+61*time.Second)), // replaces e
-		created(failedPod("x", other), t0.Add(2*time.Second)),                       // another owner
-	)
+	f := newFixture(t, DefaultFlags(), true, failedPod("a", rsOwner("web")), failedPod("b", rsOwner("web")), failedPod("x", other))
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	now := t0
 	f.c.now = func() time.Time { return now }
+	// replace creates a failing pod of the web ReplicaSet after the fact, as its controller would.
+	replace := func(name string) {
+		t.Helper()
+		p := failedPod(name, rsOwner("web"))
+		if _, err := f.client.CoreV1().Pods("shop").Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			if _, err := f.c.pods.Pods("shop").Get(name); err == nil {
+				return
+			} else if time.Now().After(deadline) {
+				t.Fatalf("the cache did not see pod %s", name)
+			}
+		}
+	}
 	sync := func(name string, wantDeleted bool, wantWait time.Duration) {
 		t.Helper()
 		before := len(f.actions("delete"))
@@ -413,19 +416,24 @@ func TestSyncOwnerBackoff(t *testing.T) {
 		}
 	}
 	sync("a", true, 0)
+	replace("c")       // a's replacement
 	sync("b", true, 0) // failed together with a: not a replacement
 	now = t0.Add(2 * time.Second)
 	sync("c", false, 28*time.Second)
 	sync("x", true, 0) // another owner has no backoff
 	now = t0.Add(31 * time.Second)
 	sync("c", true, 0)
+	replace("d")
 	now = t0.Add(33 * time.Second)
 	sync("d", false, 58*time.Second) // doubled
 	if got := value(f.c.metrics.PodsDeferred.WithLabelValues(DeferOwnerBackoff)); got != 2 {
 		t.Errorf("deferred{owner-backoff} = %v, want 2", got)
 	}
-	now = t0.Add(2*time.Hour + time.Minute)
-	sync("e", true, 0)
-	now = t0.Add(2*time.Hour + 62*time.Second)
-	sync("f", false, 28*time.Second) // the backoff started again from its base
+	// Half an hour without a deletion: the owner starts again, and the pods it has then are
+	// not replacements.
+	now = t0.Add(time.Hour)
+	sync("d", true, 0)
+	replace("e")
+	now = t0.Add(time.Hour + time.Second)
+	sync("e", false, 29*time.Second) // from the base again
 }

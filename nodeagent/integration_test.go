@@ -17,9 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/cli"
@@ -104,21 +101,6 @@ func TestIntegrationNodeReadiness(t *testing.T) {
 	eventually(t, "the agent reports ready", func() bool { ok, _ := a.Ready(); return ok })
 }
 
-// adminKubeconfig writes the control plane's admin credentials as a kubeconfig file.
-func adminKubeconfig(t *testing.T, cfg *rest.Config) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "admin"}
-	kc.CurrentContext = "test"
-	path := filepath.Join(t.TempDir(), "admin.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -141,7 +123,7 @@ func TestIntegrationInstallCNICommand(t *testing.T) {
 	args := []string{"install-cni",
 		"--cni-conf-dir=" + e.confDir, "--host-cni-conf-dir=" + e.confDir, "--cni-bin-dir=" + e.binDir,
 		"--plugin-source=" + e.source, "--service-account-dir=" + e.saDir, "--api-server=https://10.96.0.1:443",
-		"--node-name=" + node.Name, "--kubeconfig=" + adminKubeconfig(t, cfg), "--health-addr=" + addr,
+		"--node-name=" + node.Name, "--kubeconfig=" + testenv.Kubeconfig(t, cfg), "--health-addr=" + addr,
 		"--exclude-namespaces=kube-system,istio-system", "--log-level=debug", "--resync-interval=2s",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

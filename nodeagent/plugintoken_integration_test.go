@@ -20,7 +20,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/containernetworking/cni/libcni"
 
@@ -136,21 +135,6 @@ func (f *rbacFixture) agentIdentity(t *testing.T, e *env, sa string) {
 // rest.InClusterConfig would use it.
 func agentConfig(cfg *rest.Config, saDir string) *rest.Config {
 	return &rest.Config{Host: cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: cfg.CAData}, BearerTokenFile: filepath.Join(saDir, "token")}
-}
-
-// agentKubeconfig writes agentConfig as a kubeconfig, for the real command's --kubeconfig.
-func agentKubeconfig(t *testing.T, cfg *rest.Config, saDir string) string {
-	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["agent"] = &clientcmdapi.AuthInfo{TokenFile: filepath.Join(saDir, "token")}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "agent"}
-	kc.CurrentContext = "test"
-	path := filepath.Join(t.TempDir(), "agent.kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // whoami asks the API server whose token this is.
@@ -290,7 +274,7 @@ func TestIntegrationInstallCNIPluginServiceAccountCommand(t *testing.T) {
 		cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "detour", "install-cni",
 			"--cni-conf-dir="+e.confDir, "--host-cni-conf-dir="+e.confDir, "--cni-bin-dir="+e.binDir,
 			"--plugin-source="+e.source, "--service-account-dir="+e.saDir, "--api-server="+f.cfg.Host,
-			"--node-name="+node.Name, "--kubeconfig="+agentKubeconfig(t, f.cfg, e.saDir), "--health-addr="+addr,
+			"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, &rest.Config{Host: f.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: f.cfg.CAData}, BearerTokenFile: filepath.Join(e.saDir, "token")}), "--health-addr="+addr,
 			"--plugin-service-account=detour-cni", "--plugin-token-ttl=10m")
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
@@ -385,7 +369,7 @@ func TestIntegrationInstallCNIUninstallHold(t *testing.T) {
 	cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "detour", "install-cni", "--uninstall", "--hold",
 		"--cni-conf-dir="+e.confDir, "--host-cni-conf-dir="+e.confDir, "--cni-bin-dir="+e.binDir,
 		"--plugin-source="+e.source, "--service-account-dir="+e.saDir, "--api-server=https://10.96.0.1:443",
-		"--node-name="+node.Name, "--kubeconfig="+adminKubeconfig(t, cfg), "--health-addr="+addr)
+		"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, cfg), "--health-addr="+addr)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

@@ -6,6 +6,9 @@ import (
 	"os"
 	"path/filepath"
 
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 )
 
@@ -40,4 +43,19 @@ func New(binDir string) *envtest.Environment {
 		env.AttachControlPlaneOutput = true
 	}
 	return env
+}
+
+// WriteKubeconfig writes cfg as a kubeconfig file at path, for the components that read one
+// (the CNI plugin, the node agent): the server and its CA, and cfg's client certificate, token
+// or token file.
+func WriteKubeconfig(path string, cfg *rest.Config) error {
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["local"] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData,
+		Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile,
+	}
+	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: "local"}
+	kc.CurrentContext = "local"
+	return clientcmd.WriteToFile(*kc, path)
 }

@@ -26,8 +26,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
@@ -168,7 +166,8 @@ func (d *demo) startControlPlane(ctx context.Context) error {
 	cfg.WarningHandler = d.warnings
 	d.cfg = cfg
 	d.client = kubernetes.NewForConfigOrDie(cfg)
-	if d.kubeconfig, err = writeKubeconfig(filepath.Join(d.work, "admin.kubeconfig"), cfg); err != nil {
+	d.kubeconfig = filepath.Join(d.work, "admin.kubeconfig")
+	if err = controlplane.WriteKubeconfig(d.kubeconfig, cfg); err != nil {
 		return err
 	}
 	info, err := d.client.Discovery().ServerVersion()
@@ -318,15 +317,6 @@ func (w *warningLog) all() []string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return append([]string(nil), w.list...)
-}
-
-func writeKubeconfig(path string, cfg *rest.Config) (string, error) {
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["demo"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["demo"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData, Token: cfg.BearerToken}
-	kc.Contexts["demo"] = &clientcmdapi.Context{Cluster: "demo", AuthInfo: "demo"}
-	kc.CurrentContext = "demo"
-	return path, clientcmd.WriteToFile(*kc, path)
 }
 
 // process is a component the demo started.

@@ -6,8 +6,6 @@ import (
 	"testing"
 
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/detourmesh/detour/internal/controlplane"
@@ -55,16 +53,8 @@ func stopControlPlane() {
 // for components that read one (the CNI plugin, the node agent).
 func Kubeconfig(t testing.TB, cfg *rest.Config) string {
 	t.Helper()
-	kc := clientcmdapi.NewConfig()
-	kc.Clusters["test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
-	kc.AuthInfos["test"] = &clientcmdapi.AuthInfo{
-		ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData,
-		Token: cfg.BearerToken, TokenFile: cfg.BearerTokenFile,
-	}
-	kc.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	kc.CurrentContext = "test"
 	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+	if err := controlplane.WriteKubeconfig(path, cfg); err != nil {
 		t.Fatalf("write kubeconfig: %v", err)
 	}
 	return path

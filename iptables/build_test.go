@@ -3,12 +3,12 @@ package iptables
 import (
 	"flag"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")
@@ -57,24 +57,8 @@ func TestBuildGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden(t, filepath.Join("testdata", tc.name+".golden"), rs.Restore())
+			testenv.Golden(t, filepath.Join("testdata", tc.name+".golden"), rs.Restore(), *update)
 		})
-	}
-}
-
-func golden(t *testing.T, path, got string) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run the test with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s--- want\n%s", path, got, want)
 	}
 }
 

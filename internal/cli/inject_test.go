@@ -3,7 +3,6 @@ package cli
 import (
 	"bytes"
 	"flag"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -36,22 +35,7 @@ func run(t *testing.T, stdin string, args ...string) (string, string, error) {
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	path := filepath.Join(workloads, "golden", name)
-	if *updateGolden {
-		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run the test with -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (rerun with -update if the change is intended):\n--- got\n%s--- want\n%s", path, got, want)
-	}
+	testenv.Golden(t, filepath.Join(workloads, "golden", name), got, *updateGolden)
 }
 
 // goldenVersion pins the injected marker, so the golden files do not depend on the build.

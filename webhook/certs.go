@@ -275,57 +275,52 @@ func (c *Certificates) Run(ctx context.Context) error {
 	}
 }
 
-func serial() (*big.Int, error) {
-	return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-}
-
 func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, nil, err
-	}
-	sn, err := serial()
-	if err != nil {
-		return nil, nil, err
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          sn,
+	cert, key, err := issue(&x509.Certificate{
 		Subject:               pkix.Name{CommonName: "detour webhook CA"},
 		NotBefore:             now.Add(-backdate),
 		NotAfter:              now.Add(caLifetime),
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 		BasicConstraintsValid: true,
 		IsCA:                  true,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	}, nil, nil)
 	if err != nil {
 		return nil, nil, fmt.Errorf("create the webhook CA: %w", err)
 	}
-	cert, err := x509.ParseCertificate(der)
-	return cert, key, err
+	return cert, key, nil
 }
 
 func newServing(now time.Time, ca *x509.Certificate, caKey *ecdsa.PrivateKey, names []string) (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	cert, key, err := issue(&x509.Certificate{
+		Subject:     pkix.Name{CommonName: names[0]},
+		DNSNames:    names,
+		NotBefore:   now.Add(-backdate),
+		NotAfter:    now.Add(servingLifetime),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}, ca, caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("create the webhook serving certificate: %w", err)
+	}
+	return cert, key, nil
+}
+
+// issue makes a fresh P-256 key and the certificate of tmpl for it, with a random serial number,
+// signed by parent's key — or by the new key itself when parent is nil.
+func issue(tmpl, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
 	}
-	sn, err := serial()
-	if err != nil {
+	if tmpl.SerialNumber, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120)); err != nil {
 		return nil, nil, err
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: sn,
-		Subject:      pkix.Name{CommonName: names[0]},
-		DNSNames:     names,
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     now.Add(servingLifetime),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	if parent == nil {
+		parent, parentKey = tmpl, key
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, key.Public(), caKey)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, key.Public(), parentKey)
 	if err != nil {
-		return nil, nil, fmt.Errorf("create the webhook serving certificate: %w", err)
+		return nil, nil, err
 	}
 	cert, err := x509.ParseCertificate(der)
 	return cert, key, err

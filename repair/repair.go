@@ -379,21 +379,31 @@ func (c *Controller) markDone(pod *corev1.Pod) {
 	c.mu.Unlock()
 }
 
+// settle handles the API's answer to action (delete, annotate) on pod: a pod deleted or replaced
+// meanwhile is done with (skipped, gone); a failure is counted and returned, saying which verb
+// the service account needs. It reports whether the action happened.
+func (c *Controller) settle(pod *corev1.Pod, err error, action, verb string) (bool, error) {
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		c.markDone(pod)
+		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
+		return false, nil
+	case err != nil:
+		c.metrics.Errors.WithLabelValues(action).Inc()
+		return false, fmt.Errorf("%s pod %s/%s: %w (the service account needs %s on pods)", action, pod.Namespace, pod.Name, err, verb)
+	}
+	c.markDone(pod)
+	return true, nil
+}
+
 // delete deletes a controller-owned pod, only if it is still the pod that failed (UID
 // precondition): a StatefulSet may already have replaced it under the same name.
 func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.OwnerReference) error {
 	uid := pod.UID
 	err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
-	switch {
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		c.markDone(pod)
-		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
-		return nil
-	case err != nil:
-		c.metrics.Errors.WithLabelValues(ActionDelete).Inc()
-		return fmt.Errorf("delete pod %s/%s: %w (the service account needs delete on pods)", pod.Namespace, pod.Name, err)
+	if done, err := c.settle(pod, err, ActionDelete, "delete"); !done {
+		return err
 	}
-	c.markDone(pod)
 	c.deleted(pod, owner)
 	c.metrics.PodsDeleted.Inc()
 	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
@@ -412,16 +422,9 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 		"annotations": map[string]string{RecreateAnnotation: value},
 	}})
 	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component})
-	switch {
-	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
-		c.markDone(pod)
-		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
-		return nil
-	case err != nil:
-		c.metrics.Errors.WithLabelValues(ActionAnnotate).Inc()
-		return fmt.Errorf("annotate pod %s/%s: %w (the service account needs patch on pods)", pod.Namespace, pod.Name, err)
+	if done, err := c.settle(pod, err, ActionAnnotate, "patch"); !done {
+		return err
 	}
-	c.markDone(pod)
 	c.metrics.PodsSkipped.WithLabelValues(SkipNoController).Inc()
 	c.log.Info("annotated bare pod; it must be recreated by hand", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
 	c.event(ctx, pod, "Annotate", value+" (annotation "+RecreateAnnotation+")")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"sync"
 	"testing"
@@ -129,4 +130,22 @@ func printChainTable(conc int, scenarios []scenario, stats []chainStats) {
 		}
 		fmt.Printf("  %-36s ADD %+6.1f   CHECK %+6.1f   DEL %+6.1f\n", scenarios[i].name, d(addOf), d(checkOf), d(delOf))
 	}
+}
+
+// BenchmarkStart measures starting detour-cni with CNI_COMMAND=VERSION, the part of every
+// command's latency that is process start and initialisation; it reports the median in ms.
+func BenchmarkStart(b *testing.B) {
+	bin := testenv.DetourCNI(b)
+	var took []time.Duration
+	for b.Loop() {
+		cmd := exec.Command(bin)
+		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		start := time.Now()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v\n%s", bin, err, out)
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	b.ReportMetric(ms(median(took)), "median-ms")
 }

@@ -135,3 +135,21 @@ func TestIntegrationRemoveNFTWithoutTools(t *testing.T) {
 		t.Errorf("a second Remove: %v, %d tool runs", err, runs.n)
 	}
 }
+
+// BenchmarkNatTableExists measures asking the kernel whether a backend has a nat table, which
+// Apply and Remove do instead of running iptables-save in a fresh namespace.
+func BenchmarkNatTableExists(b *testing.B) {
+	ns := testenv.NewNetNS(b)
+	for _, backend := range []Backend{BackendNFT, BackendLegacy} {
+		b.Run(string(backend), func(b *testing.B) {
+			if err := ns.Do(func() error {
+				for b.Loop() {
+					natTableExists(backend, IPv4)
+				}
+				return nil
+			}); err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}

@@ -93,6 +93,16 @@ func parsePodRef(args string) podRef {
 	return r
 }
 
+// run runs one command: it parses the configuration and the pod identity (begin), does the
+// command's work, and logs and converts the outcome (end).
+func (p *Plugin) run(cmd string, args *skel.CmdArgs, do func(*call) error) error {
+	c, err := p.begin(cmd, args)
+	if err == nil {
+		err = do(c)
+	}
+	return p.end(c, err)
+}
+
 // begin parses the configuration and the pod identity of a command.
 func (p *Plugin) begin(cmd string, args *skel.CmdArgs) (*call, error) {
 	c := &call{cmd: cmd, args: args, start: time.Now(), pod: parsePodRef(args.Args)}
@@ -161,13 +171,7 @@ func (p *Plugin) logger(conf *Config, level slog.Level) (*slog.Logger, func()) {
 // Add installs the redirect for injected pods and passes prevResult through unchanged on every
 // path that succeeds. It fails closed: a pod it cannot read or whose annotations are malformed
 // gets no sandbox, with a message that says what to do.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
-	c, err := p.begin("ADD", args)
-	if err == nil {
-		err = p.add(c)
-	}
-	return p.end(c, err)
-}
+func (p *Plugin) Add(args *skel.CmdArgs) error { return p.run("ADD", args, p.add) }
 
 func (p *Plugin) add(c *call) error {
 	if err := c.conf.parsePrevResult("ADD"); err != nil {
@@ -277,13 +281,7 @@ func hasIPv6(r types.Result) bool {
 // Del removes detour's rules from the namespace if it still exists. It needs neither the pod
 // nor prevResult, succeeds when the namespace or the pod is gone, and can run any number of
 // times.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
-	c, err := p.begin("DEL", args)
-	if err == nil {
-		err = p.del(c)
-	}
-	return p.end(c, err)
-}
+func (p *Plugin) Del(args *skel.CmdArgs) error { return p.run("DEL", args, p.del) }
 
 func (p *Plugin) del(c *call) error {
 	if c.args.Netns == "" {
@@ -312,13 +310,7 @@ func (p *Plugin) del(c *call) error {
 
 // Check verifies that an injected pod's namespace holds exactly the rules ADD installed and
 // fails with the first difference in words.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
-	c, err := p.begin("CHECK", args)
-	if err == nil {
-		err = p.check(c)
-	}
-	return p.end(c, err)
-}
+func (p *Plugin) Check(args *skel.CmdArgs) error { return p.run("CHECK", args, p.check) }
 
 func (p *Plugin) check(c *call) error {
 	if err := c.conf.parsePrevResult("CHECK"); err != nil {
@@ -337,13 +329,7 @@ func (p *Plugin) check(c *call) error {
 
 // Status reports whether the plugin can work on this node: an iptables backend is usable and
 // the kubeconfig, when configured, is readable.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
-	c, err := p.begin("STATUS", args)
-	if err == nil {
-		err = p.status(c)
-	}
-	return p.end(c, err)
-}
+func (p *Plugin) Status(args *skel.CmdArgs) error { return p.run("STATUS", args, p.status) }
 
 func (p *Plugin) status(c *call) error {
 	if err := p.NewExecutor(c.conf).Usable(iptables.IPv4); err != nil {
@@ -362,9 +348,8 @@ func (p *Plugin) status(c *call) error {
 // namespaces, which go away with the namespaces. There are no files, IP allocations or host
 // rules that a lost DEL could leak.
 func (p *Plugin) GC(args *skel.CmdArgs) error {
-	c, err := p.begin("GC", args)
-	if err == nil {
+	return p.run("GC", args, func(c *call) error {
 		c.decision = "nothing to collect"
-	}
-	return p.end(c, err)
+		return nil
+	})
 }

@@ -33,6 +33,10 @@ fi
 
 bin="$cache/bin"
 mkdir -p "$bin"
+# One build at a time per cache: concurrent test runs (several checkouts, CI) wait for each other
+# instead of writing the same binary twice.
+exec 9>"$cache/.lock"
+flock 9
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 # build NAME VERSION TOOLDIR PACKAGE [LDFLAGS] builds PACKAGE from the tools module in TOOLDIR

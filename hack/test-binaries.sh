@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Builds the binaries the integration tests and the demo run — kube-apiserver, etcd, the
-# reference CNI plugins and helm — each from its own Go module (pinned in hack/tools/*/go.mod), and caches
-# them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a
-# cold kube-apiserver build takes 10–15 minutes on 2 cores.
+# Builds the binaries the integration tests, the real-node tests and the demo run — the
+# Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+# kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI plugins and
+# helm — each from its own Go module (pinned in hack/tools/*/go.mod), and caches them by version
+# under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
+# of them takes about 45 minutes on 2 cores (kube-apiserver and the kubelet 10–15 each).
+#
+# With DETOUR_BINARIES=control-plane only what the integration tests need is built
+# (kube-apiserver, etcd, the CNI plugins, helm).
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -17,16 +22,18 @@ module_version() {
 }
 
 api=$(module_version "$root/go.mod" k8s.io/api)
-kube=$(module_version "$root/hack/tools/kube-apiserver/go.mod" k8s.io/kubernetes)
+kube=$(module_version "$root/hack/tools/kubernetes/go.mod" k8s.io/kubernetes)
 etcd=$(module_version "$root/hack/tools/etcd/go.mod" go.etcd.io/etcd/server/v3)
 plugins=$(module_version "$root/hack/tools/cni-plugins/go.mod" github.com/containernetworking/plugins)
 helm=$(module_version "$root/hack/tools/helm/go.mod" helm.sh/helm/v3)
-for v in api kube etcd plugins helm; do
+containerd=$(module_version "$root/hack/tools/containerd/go.mod" github.com/containerd/containerd/v2)
+runc=$(module_version "$root/hack/tools/runc/go.mod" github.com/opencontainers/runc)
+for v in api kube etcd plugins helm containerd runc; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
 # k8s.io/api v0.X.Y goes with Kubernetes v1.X.Y.
 if [ "v1.${api#v0.}" != "$kube" ]; then
-	echo "test-binaries: go.mod has k8s.io/api $api but hack/tools/kube-apiserver builds $kube;" \
+	echo "test-binaries: go.mod has k8s.io/api $api but hack/tools/kubernetes builds $kube;" \
 		"set k8s.io/kubernetes to v1.${api#v0.} there (and its replaces to $api)" >&2
 	exit 1
 fi
@@ -40,14 +47,15 @@ flock 9
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
 
 # build NAME VERSION TOOLDIR PACKAGE [LDFLAGS] builds PACKAGE from the tools module in TOOLDIR
-# into $bin/NAME-VERSION unless it is already there, then links $bin/NAME to it.
+# into $bin/NAME-VERSION unless it is already there, then links $bin/NAME to it. $TAGS and
+# $CGO_ENABLED, when set, go to that one build.
 build() {
 	local name=$1 version=$2 dir=$3 pkg=$4 ldflags=${5:-}
 	local out="$bin/$name-$version"
 	if [ ! -x "$out" ]; then
 		echo "test-binaries: building $name $version from $pkg (cached afterwards in $bin)" >&2
 		local start=$SECONDS
-		(cd "$root/hack/tools/$dir" && go build -trimpath -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
+		(cd "$root/hack/tools/$dir" && go build -trimpath -tags "${TAGS:-}" -ldflags "-s -w $ldflags" -o "$out.tmp" "$pkg")
 		mv -f "$out.tmp" "$out"
 		echo "test-binaries: built $name in $((SECONDS - start))s" >&2
 	fi
@@ -57,11 +65,26 @@ build() {
 minor=${kube#v1.}
 minor=${minor%%.*}
 cb=k8s.io/component-base/version
-build kube-apiserver "$kube" kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver \
-	"-X $cb.gitVersion=$kube -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X $cb.gitTreeState=clean"
+kubeversion="-X $cb.gitVersion=$kube -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X $cb.gitTreeState=clean"
+build kube-apiserver "$kube" kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$kubeversion"
 build etcd "$etcd" etcd go.etcd.io/etcd/server/v3
 for p in main/bridge main/loopback ipam/host-local; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
 build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
+
+if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
+	# The real node (internal/e2e): the rest of Kubernetes, containerd and runc.
+	for c in kubelet kube-scheduler kube-controller-manager kubectl; do
+		build "$c" "$kube" kubernetes "k8s.io/kubernetes/cmd/$c" "$kubeversion"
+	done
+	ctrd=github.com/containerd/containerd/v2
+	for c in containerd ctr containerd-shim-runc-v2; do
+		TAGS=no_btrfs build "$c" "$containerd" containerd "$ctrd/cmd/$c" "-X $ctrd/version.Version=$containerd"
+	done
+	# runc needs cgo for seccomp (libseccomp-dev, from hack/host-deps.sh): the kubelet asks for
+	# the RuntimeDefault profile on every sandbox, and a runc without seccomp fails them all.
+	CGO_ENABLED=1 TAGS="seccomp urfave_cli_no_docs" build runc "$runc" runc github.com/opencontainers/runc \
+		"-X main.version=${runc#v} -X main.gitCommit=$runc"
+fi
 echo "$bin"

@@ -1,0 +1,318 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// writeFiles writes everything the node's processes read: certificates and kubeconfigs, the
+// configurations of containerd and the kubelet, the primary CNI's conflist and plugins, and
+// the runtime's PATH.
+func (n *Node) writeFiles() error {
+	for _, d := range []string{"logs", "run", "etcd", "kubelet", "pod-logs", "volume-plugins", "runtime-bin", "cni/ipam"} {
+		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{n.CNIConfDir, n.CNIBinDir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	if err := n.writePKI(); err != nil {
+		return err
+	}
+	files := map[string]string{
+		"containerd.toml":   n.containerdConfig(),
+		"kubelet.yaml":      n.kubeletConfig(),
+		"audit-policy.yaml": auditPolicy,
+		"resolv.conf":       "nameserver 127.0.0.1\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(n.Dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	if err := n.WritePrimaryConfig(); err != nil {
+		return err
+	}
+	for _, p := range []string{"bridge", "host-local", "loopback"} {
+		if err := os.Symlink(n.bin(p), filepath.Join(n.CNIBinDir, p)); err != nil {
+			return err
+		}
+	}
+	return n.writeRuntimePath()
+}
+
+func (n *Node) writePKI() error {
+	p, err := newPKI(filepath.Join(n.Dir, "pki"))
+	if err != nil {
+		return err
+	}
+	n.pki = p
+	ids := []identity{
+		{name: "apiserver", cn: "kube-apiserver", server: true,
+			ips: []net.IP{net.ParseIP("127.0.0.1"), nodeIP.AsSlice(), serviceIP.AsSlice()},
+			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
+		{name: "kubelet-serving", cn: NodeName, server: true, ips: []net.IP{nodeIP.AsSlice()}, dns: []string{NodeName}},
+		{name: "admin", cn: "e2e-admin", orgs: []string{"system:masters"}},
+		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
+		{name: "kubelet", cn: "system:node:" + NodeName, orgs: []string{"system:nodes"}},
+		{name: "kube-controller-manager", cn: "system:kube-controller-manager"},
+		{name: "kube-scheduler", cn: "system:kube-scheduler"},
+	}
+	for _, id := range ids {
+		if err := p.issue(id); err != nil {
+			return fmt.Errorf("issue %s's certificate: %w", id.name, err)
+		}
+	}
+	if err := p.serviceAccountKeys(); err != nil {
+		return err
+	}
+	for _, name := range []string{"admin", "kubelet", "kube-controller-manager", "kube-scheduler"} {
+		path, err := p.kubeconfig(n.apiURL(), name)
+		if err != nil {
+			return err
+		}
+		if name == "admin" {
+			n.Kubeconfig = path
+		}
+	}
+	return nil
+}
+
+// WritePrimaryConfig writes the primary CNI's conflist as the primary would at boot: the
+// reference bridge plugin with host-local IPAM and nothing of detour's.
+func (n *Node) WritePrimaryConfig() error {
+	conf := fmt.Sprintf(`{
+  "cniVersion": "1.1.0",
+  "name": %q,
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "cni0",
+      "isGateway": true,
+      "isDefaultGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": %q,
+        "ranges": [[{"subnet": %q, "gateway": %q}]]
+      }
+    }
+  ]
+}
+`, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), podSubnet, podGateway)
+	return writeFileAtomic(n.PrimaryConfigPath(), []byte(conf))
+}
+
+// PrimaryConfigPath is the primary CNI's conflist.
+func (n *Node) PrimaryConfigPath() string { return filepath.Join(n.CNIConfDir, "10-e2e.conflist") }
+
+// writeRuntimePath fills the directory that is containerd's whole PATH, and so the CNI
+// plugins': the runc shim, runc, and the iptables tools detour-cni's iptables backends run —
+// no nsenter, nothing else of util-linux (seed 002).
+func (n *Node) writeRuntimePath() error {
+	dir := filepath.Join(n.Dir, "runtime-bin")
+	for _, b := range []string{"containerd-shim-runc-v2", "runc"} {
+		if err := os.Symlink(n.bin(b), filepath.Join(dir, b)); err != nil {
+			return err
+		}
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, tool := range []string{"", "-save", "-restore", "-legacy", "-legacy-save", "-legacy-restore", "-nft", "-nft-save", "-nft-restore"} {
+			for _, sbin := range []string{"/usr/sbin", "/sbin"} {
+				if target := filepath.Join(sbin, fam+tool); fileExists(target) {
+					if err := os.Symlink(target, filepath.Join(dir, fam+tool)); err != nil {
+						return err
+					}
+					break
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// RuntimePath is containerd's PATH.
+func (n *Node) RuntimePath() string { return filepath.Join(n.Dir, "runtime-bin") }
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// env is the environment of the node's processes other than containerd.
+func (n *Node) env() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + n.Dir, "KUBECONFIG=" + n.Kubeconfig}
+}
+
+// command is how component name starts.
+func (n *Node) command(name string) (argv, env []string) {
+	pki := n.pki.path
+	env = n.env()
+	switch name {
+	case "etcd":
+		argv = []string{n.bin("etcd"), "--name", "e2e", "--data-dir", filepath.Join(n.Dir, "etcd"),
+			"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
+			"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
+			"--initial-cluster", "e2e=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level", "warn"}
+	case "kube-apiserver":
+		argv = []string{n.bin("kube-apiserver"),
+			"--etcd-servers", "http://127.0.0.1:2379",
+			"--bind-address", "0.0.0.0", "--secure-port", fmt.Sprint(apiPort), "--advertise-address", nodeIP.String(),
+			"--service-cluster-ip-range", serviceCIDR,
+			"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
+			"--client-ca-file", pki("ca.crt"),
+			"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
+			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+			"--allow-privileged=true",
+			"--kubelet-client-certificate", pki("apiserver-kubelet-client.crt"),
+			"--kubelet-client-key", pki("apiserver-kubelet-client.key"),
+			"--kubelet-certificate-authority", pki("ca.crt"),
+			// No DNS in the node: reach the kubelet by its IP (logs, exec).
+			"--kubelet-preferred-address-types", "InternalIP",
+			// No kube-proxy: call webhooks at their endpoints, not their ClusterIP.
+			"--enable-aggregator-routing=true",
+			"--audit-policy-file", filepath.Join(n.Dir, "audit-policy.yaml"),
+			"--audit-log-path", n.AuditLogPath(), "--audit-log-format", "json",
+			"--profiling=false"}
+	case "kube-controller-manager":
+		argv = []string{n.bin("kube-controller-manager"),
+			"--kubeconfig", pki("kube-controller-manager.kubeconfig"),
+			"--authentication-kubeconfig", pki("kube-controller-manager.kubeconfig"),
+			"--authorization-kubeconfig", pki("kube-controller-manager.kubeconfig"),
+			"--bind-address", "127.0.0.1", "--secure-port", "10257",
+			"--use-service-account-credentials=true",
+			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
+			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
+			"--service-cluster-ip-range", serviceCIDR, "--leader-elect=false", "--profiling=false"}
+	case "kube-scheduler":
+		argv = []string{n.bin("kube-scheduler"),
+			"--kubeconfig", pki("kube-scheduler.kubeconfig"),
+			"--authentication-kubeconfig", pki("kube-scheduler.kubeconfig"),
+			"--authorization-kubeconfig", pki("kube-scheduler.kubeconfig"),
+			"--bind-address", "127.0.0.1", "--secure-port", "10259", "--leader-elect=false", "--profiling=false"}
+	case "containerd":
+		argv = []string{n.bin("containerd"), "--config", filepath.Join(n.Dir, "containerd.toml")}
+		env = []string{"PATH=" + n.RuntimePath(), "HOME=" + n.Dir}
+	case "kubelet":
+		argv = []string{n.bin("kubelet"),
+			"--config", filepath.Join(n.Dir, "kubelet.yaml"),
+			"--kubeconfig", pki("kubelet.kubeconfig"),
+			"--root-dir", filepath.Join(n.Dir, "kubelet"),
+			"--hostname-override", NodeName, "--node-ip", nodeIP.String(), "--v", "2"}
+		if len(n.opts.Taints) > 0 {
+			argv = append(argv, "--register-with-taints", strings.Join(n.opts.Taints, ","))
+		}
+	default:
+		panic("e2e: unknown component " + name)
+	}
+	return argv, env
+}
+
+// AuditLogPath is the API server's audit log: requests for pods, by whom (JSON lines).
+func (n *Node) AuditLogPath() string { return filepath.Join(n.Dir, "logs", "audit.jsonl") }
+
+// auditPolicy records who reads and writes pods, nothing else.
+const auditPolicy = `apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    resources:
+      - group: ""
+        resources: ["pods"]
+  - level: None
+`
+
+func (n *Node) containerdConfig() string {
+	d := filepath.Join(n.Dir, "containerd")
+	return fmt.Sprintf(`version = 3
+root = %[1]q
+state = %[2]q
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = %[4]q
+
+[plugins.'io.containerd.internal.v1.opt']
+  path = %[5]q
+
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = %[6]q
+
+[plugins.'io.containerd.cri.v1.runtime']
+  # CAP_SYS_RESOURCE is not in this machine's bounding set: without this every sandbox fails
+  # to raise its oom_score_adj.
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = 'runc'
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = 'io.containerd.runc.v2'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = %[7]q
+        Root = %[8]q
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = [%[9]q]
+    conf_dir = %[10]q
+    max_conf_num = 1
+
+[plugins.'io.containerd.grpc.v1.cri']
+  disable_tcp_service = true
+`, filepath.Join(d, "root"), filepath.Join(d, "state"), n.containerdSocket(), filepath.Join(d, "ttrpc.sock"),
+		filepath.Join(d, "opt"), n.opts.PauseImage, n.bin("runc"), filepath.Join(d, "runc"),
+		n.CNIBinDir, n.CNIConfDir)
+}
+
+func (n *Node) kubeletConfig() string {
+	pki := n.pki.path
+	return fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://%[1]s
+# The machine has cgroup v1 and no systemd for the node.
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /%[2]s
+failSwapOn: false
+authentication:
+  x509: {clientCAFile: %[3]q}
+  webhook: {enabled: false}
+  anonymous: {enabled: false}
+authorization: {mode: AlwaysAllow}
+tlsCertFile: %[4]q
+tlsPrivateKeyFile: %[5]q
+podLogsDir: %[6]q
+volumePluginDir: %[7]q
+resolvConf: %[8]q
+imageGCHighThresholdPercent: 100
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+shutdownGracePeriod: 0s
+serializeImagePulls: false
+`, n.containerdSocket(), n.cgroup, pki("ca.crt"), pki("kubelet-serving.crt"), pki("kubelet-serving.key"),
+		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"))
+}
+
+// insecureTLS is for health checks of components whose serving certificates are self-signed.
+func insecureTLS() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
+
+// writeFileAtomic writes path by renaming a temporary file over it, as CNI installers do.
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

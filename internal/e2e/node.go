@@ -1,0 +1,373 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// The node's fixed addresses. They live in the node's own network namespace, so they never
+// meet the host's or another run's.
+var (
+	nodeIP      = netip.MustParseAddr("10.200.0.1")
+	serviceIP   = netip.MustParseAddr("10.96.0.1")
+	podSubnet   = netip.MustParsePrefix("10.88.0.0/24")
+	podGateway  = netip.MustParseAddr("10.88.0.1")
+	serviceCIDR = "10.96.0.0/24"
+)
+
+const (
+	apiPort = 6443
+	// NodeName is the name the kubelet registers.
+	NodeName = "e2e-node"
+	// PrimaryNetwork is the name of the primary CNI's network (its conflist's "name").
+	PrimaryNetwork = "e2e"
+	// StartupTaint is the taint the kubelet registers the node with, as an admin following
+	// docs/operations.md would.
+	StartupTaint = "detour.dev/cni-not-ready"
+)
+
+// Options shape a node.
+type Options struct {
+	// Taints the kubelet registers the node with (key:Effect or key=value:Effect).
+	Taints []string
+	// Images are docker-save tarballs imported into containerd before the kubelet starts.
+	Images []string
+	// PauseImage is the sandbox image (already in one of Images).
+	PauseImage string
+}
+
+// Node is one Kubernetes node with its control plane: etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, containerd and the kubelet, all built from their Go
+// modules by hack/test-binaries.sh, in a network and mount namespace of their own.
+type Node struct {
+	// Dir is the run's directory; everything the node writes is under it.
+	Dir    string
+	BinDir string
+	// CNIConfDir and CNIBinDir are the runtime's CNI directories (the chart's nodeAgent
+	// cniConfDir and cniBinDir).
+	CNIConfDir, CNIBinDir string
+	// Kubeconfig is the admin kubeconfig, for commands run inside the node's namespace.
+	Kubeconfig string
+	// Config and Client reach the API server from the test process, as admin.
+	Config *rest.Config
+	Client kubernetes.Interface
+
+	opts   Options
+	cgroup string
+	holder *holderClient
+	pki    *pki
+	pids   map[string]int
+}
+
+// Start brings a node up; Stop tears it down. Nothing it does outlives Stop on the host: its
+// mounts live in its own mount namespace, its links in its own network namespace, its
+// processes in its own cgroup tree, its files in Dir.
+func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error) {
+	base := os.Getenv("DETOUR_E2E_DIR")
+	if base == "" {
+		base = filepath.Join(os.TempDir(), "detour-e2e")
+	}
+	sweep(base)
+	suffix := make([]byte, 3)
+	rand.Read(suffix)
+	name := fmt.Sprintf("detour-e2e-%d-%s", os.Getpid(), hex.EncodeToString(suffix))
+	n = &Node{
+		Dir: filepath.Join(base, name), BinDir: binDir, opts: opts, cgroup: name, pids: map[string]int{},
+	}
+	n.CNIConfDir = filepath.Join(n.Dir, "cni", "net.d")
+	n.CNIBinDir = filepath.Join(n.Dir, "cni", "bin")
+	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := writeOwner(n.Dir); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			n.Stop()
+			n = nil
+		}
+	}()
+	if err := createCgroup(name); err != nil {
+		return n, err
+	}
+	if err := n.writeFiles(); err != nil {
+		return n, fmt.Errorf("write the node's files: %w", err)
+	}
+	n.holder, err = startHolder(holderSpec{
+		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(),
+		Net: netSpec{Link: "node0", NodeIP: nodeIP, ServiceIP: serviceIP, APIPort: apiPort},
+	}, n.logPath("holder"))
+	if err != nil {
+		return n, err
+	}
+	n.Config, err = n.pki.restConfig(n.apiURL(), "admin")
+	if err != nil {
+		return n, err
+	}
+	n.Config.Dial = netnsDialer{n.holder.netns()}.DialContext
+	n.Config.QPS, n.Config.Burst = 100, 200
+	if n.Client, err = kubernetes.NewForConfig(n.Config); err != nil {
+		return n, err
+	}
+	for _, c := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd"} {
+		if err := n.StartComponent(ctx, c); err != nil {
+			return n, err
+		}
+	}
+	for _, img := range opts.Images {
+		if _, err := n.Run(ctx, n.ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
+			return n, fmt.Errorf("import %s into containerd: %w", img, err)
+		}
+	}
+	if err := n.StartComponent(ctx, "kubelet"); err != nil {
+		return n, err
+	}
+	return n, n.waitServiceAccount(ctx, metav1.NamespaceDefault)
+}
+
+// Stop ends every process of the node, then removes its cgroups and, unless
+// DETOUR_E2E_KEEP=1, its directory.
+func (n *Node) Stop() error {
+	var errs []error
+	if n.holder != nil {
+		errs = append(errs, n.holder.close())
+	}
+	// The holder kills the cgroup's processes; if it could not start or died, do it here.
+	errs = append(errs, killCgroup(n.cgroup, 0), removeCgroup(n.cgroup))
+	if os.Getenv("DETOUR_E2E_KEEP") != "1" {
+		errs = append(errs, os.RemoveAll(n.Dir))
+	}
+	return errors.Join(errs...)
+}
+
+func (n *Node) apiURL() string { return fmt.Sprintf("https://%s:%d", nodeIP, apiPort) }
+
+func (n *Node) logPath(component string) string {
+	return filepath.Join(n.Dir, "logs", component+".log")
+}
+
+// Log returns a component's log (for failure messages and assertions).
+func (n *Node) Log(component string) string {
+	data, _ := os.ReadFile(n.logPath(component))
+	return string(data)
+}
+
+// machineSysctls are the machine-wide kernel settings the kubelet rewrites (setupKernelTunables);
+// the node gets stand-in files that start with the host's values.
+func machineSysctls() map[string]string {
+	m := map[string]string{}
+	for _, f := range []string{
+		"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+	} {
+		p := "/proc/sys/" + f
+		if v, err := os.ReadFile(p); err == nil {
+			m[p] = strings.TrimSpace(string(v))
+		}
+	}
+	return m
+}
+
+// StartComponent starts one of the node's processes and waits until it is ready.
+func (n *Node) StartComponent(ctx context.Context, name string) error {
+	argv, env := n.command(name)
+	pid, err := n.holder.start(argv, env, n.logPath(name), "")
+	if err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	n.pids[name] = pid
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if exited, code, _ := n.holder.wait(pid, 0); exited {
+			return false, fmt.Errorf("exited with code %d", code)
+		}
+		return n.ready(ctx, name), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%s is not ready: %w; its log %s ends with:\n%s", name, err, n.logPath(name), tail(n.Log(name), 30))
+	}
+	return nil
+}
+
+// StopComponent stops one of the node's processes (SIGTERM, then SIGKILL after 10 s).
+func (n *Node) StopComponent(name string) error {
+	pid, ok := n.pids[name]
+	if !ok {
+		return fmt.Errorf("%s is not running", name)
+	}
+	delete(n.pids, name)
+	return n.holder.stop(pid, 10*time.Second)
+}
+
+// RestartComponent stops and starts one of the node's processes.
+func (n *Node) RestartComponent(ctx context.Context, name string) error {
+	if err := n.StopComponent(name); err != nil {
+		return err
+	}
+	return n.StartComponent(ctx, name)
+}
+
+// ready reports whether component name answers.
+func (n *Node) ready(ctx context.Context, name string) bool {
+	switch name {
+	case "etcd":
+		return n.httpOK(ctx, "http://127.0.0.1:2379/health", false)
+	case "kube-apiserver":
+		return n.httpOK(ctx, n.apiURL()+"/readyz", true)
+	case "kube-controller-manager":
+		return n.httpOK(ctx, "https://127.0.0.1:10257/healthz", false)
+	case "kube-scheduler":
+		return n.httpOK(ctx, "https://127.0.0.1:10259/healthz", false)
+	case "containerd":
+		_, err := n.Run(ctx, n.ctr("version")...)
+		return err == nil
+	case "kubelet":
+		node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue
+			}
+		}
+	}
+	return false
+}
+
+// httpOK GETs url inside the node (as admin when admin is set) and reports a 200.
+func (n *Node) httpOK(ctx context.Context, url string, admin bool) bool {
+	client := &http.Client{Timeout: 2 * time.Second}
+	if admin {
+		rt, err := rest.TransportFor(n.Config)
+		if err != nil {
+			return false
+		}
+		client.Transport = rt
+	} else {
+		client.Transport = &http.Transport{
+			DialContext:     netnsDialer{n.holder.netns()}.DialContext,
+			TLSClientConfig: insecureTLS(),
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// waitServiceAccount waits for the controller manager to create ns's default ServiceAccount
+// and its kube-root-ca.crt ConfigMap, without which no pod of ns can be created.
+func (n *Node) waitServiceAccount(ctx context.Context, ns string) error {
+	return wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 60*time.Second, true, func(ctx context.Context) (bool, error) {
+		if _, err := n.Client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err != nil {
+			return false, nil
+		}
+		_, err := n.Client.CoreV1().ConfigMaps(ns).Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+		return err == nil, nil
+	})
+}
+
+// Run runs argv inside the node's namespaces and returns its stdout; an exit code other than
+// 0 is an error that carries stderr.
+func (n *Node) Run(ctx context.Context, argv ...string) (string, error) {
+	stdout, stderr, err := n.RunSplit(ctx, nil, argv...)
+	if err != nil {
+		return stdout, fmt.Errorf("%w\n%s", err, stderr)
+	}
+	return stdout, nil
+}
+
+// RunSplit runs argv (with env added to the node's environment) inside the node's
+// namespaces and returns its stdout and stderr apart.
+func (n *Node) RunSplit(ctx context.Context, env []string, argv ...string) (stdout, stderr string, err error) {
+	dir, err := os.MkdirTemp(filepath.Join(n.Dir, "run"), "cmd-")
+	if err != nil {
+		return "", "", err
+	}
+	defer os.RemoveAll(dir)
+	outPath, errPath := filepath.Join(dir, "stdout"), filepath.Join(dir, "stderr")
+	pid, err := n.holder.start(argv, append(n.env(), env...), outPath, errPath)
+	if err != nil {
+		return "", "", err
+	}
+	for {
+		exited, code, werr := n.holder.wait(pid, time.Second)
+		out, _ := os.ReadFile(outPath)
+		errOut, _ := os.ReadFile(errPath)
+		stdout, stderr = string(out), string(errOut)
+		switch {
+		case werr != nil:
+			return stdout, stderr, werr
+		case exited && code != 0:
+			return stdout, stderr, fmt.Errorf("%s: exit code %d", strings.Join(argv, " "), code)
+		case exited:
+			return stdout, stderr, nil
+		}
+		if ctx.Err() != nil {
+			n.holder.stop(pid, time.Second)
+			return stdout, stderr, fmt.Errorf("%s: %w", strings.Join(argv, " "), ctx.Err())
+		}
+	}
+}
+
+// Kubectl runs the real kubectl inside the node as admin.
+func (n *Node) Kubectl(ctx context.Context, args ...string) (stdout, stderr string, err error) {
+	return n.RunSplit(ctx, nil, append([]string{n.bin("kubectl"), "--kubeconfig", n.Kubeconfig}, args...)...)
+}
+
+// Helm runs the real helm inside the node as admin.
+func (n *Node) Helm(ctx context.Context, args ...string) (string, error) {
+	home := filepath.Join(n.Dir, "helm")
+	env := []string{"HELM_CACHE_HOME=" + home + "/cache", "HELM_CONFIG_HOME=" + home + "/config", "HELM_DATA_HOME=" + home + "/data"}
+	stdout, stderr, err := n.RunSplit(ctx, env, append([]string{n.bin("helm"), "--kubeconfig", n.Kubeconfig}, args...)...)
+	if err != nil {
+		return stdout, fmt.Errorf("%w\n%s", err, stderr)
+	}
+	return stdout, nil
+}
+
+// Dial connects to addr from the node's network namespace (the host, as pods see it).
+func (n *Node) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	return netnsDialer{n.holder.netns()}.DialContext(ctx, network, addr)
+}
+
+func (n *Node) bin(name string) string { return filepath.Join(n.BinDir, name) }
+
+func (n *Node) ctr(args ...string) []string {
+	return append([]string{n.bin("ctr"), "--address", n.containerdSocket(), "--namespace", "k8s.io"}, args...)
+}
+
+func (n *Node) containerdSocket() string { return filepath.Join(n.Dir, "containerd", "containerd.sock") }
+
+func tail(s string, lines int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(l) > lines {
+		l = l[len(l)-lines:]
+	}
+	return strings.Join(l, "\n")
+}

@@ -1,0 +1,105 @@
+package e2e
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/detourmesh/detour/internal/testenv"
+)
+
+func TestMain(m *testing.M) { Main(m) }
+
+// nodeBinaries are the binaries a node needs from hack/test-binaries.sh.
+var nodeBinaries = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
+	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "helm",
+}
+
+// requireNode skips (or, in CI, fails) the test when a node cannot run here, and returns
+// the binaries' directory.
+func requireNode(t *testing.T) string {
+	t.Helper()
+	testenv.Privileged(t)
+	for _, b := range nodeBinaries {
+		testenv.Binary(t, b)
+	}
+	return testenv.BinDir()
+}
+
+// TestIntegrationNodeLeavesNothing starts a bare node (no images, no pods), checks that it
+// registers and is Ready, stops it, and checks that nothing of it is left on the host.
+func TestIntegrationNodeLeavesNothing(t *testing.T) {
+	bin := requireNode(t)
+	hostLinks := linkNames(t)
+	hostMounts := mountCount(t)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	start := time.Now()
+	n, err := Start(ctx, bin, Options{Taints: []string{StartupTaint + ":NoSchedule"}, PauseImage: "detour.test/pause:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("node Ready %.1fs after start", time.Since(start).Seconds())
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tainted bool
+	for _, taint := range node.Spec.Taints {
+		tainted = tainted || taint.Key == StartupTaint
+	}
+	if !tainted {
+		t.Errorf("node %s has taints %v, want %s", NodeName, node.Spec.Taints, StartupTaint)
+	}
+	if got := node.Status.Addresses; len(got) == 0 || got[0].Address != nodeIP.String() {
+		t.Errorf("node addresses %v, want %s first", got, nodeIP)
+	}
+	dir, cgroup := n.Dir, n.cgroup
+	if err := n.Stop(); err != nil {
+		t.Fatal(err)
+	}
+
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("the run's directory %s is still there (%v)", dir, err)
+	}
+	dirs, _ := cgroupHierarchies()
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, cgroup)); !os.IsNotExist(err) {
+			t.Errorf("cgroup %s is still in %s", cgroup, d)
+		}
+	}
+	if got := linkNames(t); got != hostLinks {
+		t.Errorf("the host's links changed: before %s, after %s", hostLinks, got)
+	}
+	if got := mountCount(t); got != hostMounts {
+		t.Errorf("the host has %d mounts after the run, %d before", got, hostMounts)
+	}
+}
+
+func linkNames(t *testing.T) string {
+	ifs, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, i := range ifs {
+		names = append(names, i.Name)
+	}
+	return strings.Join(names, ",")
+}
+
+func mountCount(t *testing.T) int {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(data), "\n")
+}

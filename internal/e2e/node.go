@@ -362,7 +362,9 @@ func (n *Node) ctr(args ...string) []string {
 	return append([]string{n.bin("ctr"), "--address", n.containerdSocket(), "--namespace", "k8s.io"}, args...)
 }
 
-func (n *Node) containerdSocket() string { return filepath.Join(n.Dir, "containerd", "containerd.sock") }
+func (n *Node) containerdSocket() string {
+	return filepath.Join(n.Dir, "containerd", "containerd.sock")
+}
 
 func tail(s string, lines int) string {
 	l := strings.Split(strings.TrimRight(s, "\n"), "\n")

@@ -7,7 +7,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test lint fuzz bench bench-iptables bench-cni bench-webhook test-binaries demo image manifests clean
+.PHONY: all build test e2e lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
 
 all: build
 
@@ -19,6 +19,12 @@ build:
 # which makes them required).
 test:
 	bash hack/test.sh
+
+# The real node alone (internal/e2e, also part of `make test`): etcd, kube-apiserver, the
+# scheduler, the controller manager, containerd, runc and the kubelet from their Go modules,
+# detour installed from its own image and chart, the user stories on real pods.
+e2e:
+	bash hack/test.sh ./internal/e2e
 
 test-binaries:
 	bash hack/test-binaries.sh
@@ -33,7 +39,7 @@ FUZZTIME ?= 10s
 fuzz:
 	bash hack/fuzz.sh $(FUZZTIME)
 
-bench: bench-iptables bench-cni bench-webhook
+bench: bench-iptables bench-cni bench-webhook bench-e2e
 
 bench-iptables:
 	bash hack/host-deps.sh
@@ -64,6 +70,13 @@ bench-webhook: build
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) && export DETOUR_TEST_BIN && \
 	go test ./webhook -run '^$$' -bench . -benchtime 3000x -count 1 && \
 	go run ./hack/webhook-load --detour=$(BIN)/detour --concurrency 16 --rate 500 --duration 20s
+
+# Pod start latency on the real node, with detour and without (DETOUR_E2E_BENCH_PODS each,
+# default 30): p50 and p99 from creation to Ready.
+bench-e2e:
+	bash hack/host-deps.sh
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) PATH="$$PATH:/usr/sbin:/sbin" \
+		go test ./internal/e2e -run '^$$' -bench PodStartLatency -benchtime 1x -count 1 -timeout 40m
 
 # The local end-to-end demo (the README's first command): builds everything, starts a local
 # kube-apiserver + etcd, the webhook, the node agent and the plugin, and narrates each step.

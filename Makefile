@@ -56,7 +56,7 @@ BENCH_N ?= 30
 bench-cni:
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) \
-		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
+		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkStatus|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
 
 # The container image (needs a Docker engine): the same `make build` runs inside it.
 IMAGE ?= ghcr.io/detourmesh/detour:$(VERSION)

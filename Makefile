@@ -7,7 +7,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test lint fuzz bench bench-iptables bench-cni bench-webhook test-binaries demo image image-push docker-image manifests clean
+.PHONY: all build test lint fuzz bench bench-iptables bench-cni bench-webhook test-binaries demo image manifests clean
 
 all: build
 
@@ -58,6 +58,7 @@ bench-cni:
 # `docker login`. `make docker-image` builds the same image from the Dockerfile with Docker.
 IMAGE ?= ghcr.io/detourmesh/detour:$(VERSION)
 IMAGE_TAR ?= $(BIN)/detour-image.tar
+.PHONY: image-push docker-image
 image: build
 	go run ./hack/image --bin $(BIN) --version $(VERSION) --ref $(IMAGE) --out $(IMAGE_TAR)
 

@@ -2,9 +2,12 @@ package image
 
 import (
 	"archive/tar"
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,7 +15,9 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
@@ -338,5 +343,42 @@ func TestDetourSpec(t *testing.T) {
 	_, err = Build(DetourSpec(filepath.Join(bin, "nothing"), "v1"))
 	if err == nil || !strings.Contains(err.Error(), "/opt/detour/bin/detour") || !strings.Contains(err.Error(), "build it first") {
 		t.Errorf("Build without binaries: %v", err)
+	}
+}
+
+// Push goes through the registry API: an in-process registry (go-containerregistry's own)
+// gets the image, and pulling it back gives the same digest.
+func TestPush(t *testing.T) {
+	t.Setenv("DOCKER_CONFIG", t.TempDir()) // no credentials: anonymous, as the test registry wants
+	srv := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(srv.Close)
+	img, err := Build(Spec{Files: []File{{Path: "/a", Data: []byte("a")}}, User: "1500"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := strings.TrimPrefix(srv.URL, "http://") + "/detour:v1.2.3"
+	if err := Push(context.Background(), ref, img); err != nil {
+		t.Fatal(err)
+	}
+	r, err := name.ParseReference(ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := remote.Image(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gd, _ := got.Digest()
+	wd, _ := img.Digest()
+	if gd != wd {
+		t.Errorf("pulled %s, pushed %s", gd, wd)
+	}
+
+	if err := Push(context.Background(), "Not A Ref", img); err == nil || !strings.Contains(err.Error(), `reference "Not A Ref"`) {
+		t.Errorf("bad reference: %v", err)
+	}
+	srv.Close()
+	if err := Push(context.Background(), ref, img); err == nil || !strings.Contains(err.Error(), "docker login") {
+		t.Errorf("registry gone: %v", err)
 	}
 }

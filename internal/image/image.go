@@ -116,6 +116,7 @@ type entry struct {
 func layerTar(files []File) ([]byte, error) {
 	// Keyed by path without the leading slash (a directory's tar name adds a trailing one).
 	entries := map[string]*entry{}
+	var listed []string
 	for i, f := range files {
 		e, err := fileEntry(f)
 		if err != nil {
@@ -126,8 +127,9 @@ func layerTar(files []File) ([]byte, error) {
 			return nil, fmt.Errorf("image file %q is listed twice: keep one", f.Path)
 		}
 		entries[key] = e
+		listed = append(listed, key)
 	}
-	for key := range entries {
+	for _, key := range listed {
 		for dir := path.Dir(key); dir != "."; dir = path.Dir(dir) {
 			parent, ok := entries[dir]
 			if !ok {

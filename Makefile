@@ -58,9 +58,20 @@ bench-cni:
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) \
 		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkStatus|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
 
-# The container image (needs a Docker engine): the same `make build` runs inside it.
+# The container image, without a Docker engine (internal/image, go-containerregistry): the
+# binaries of `make build` as $(IMAGE), written to $(IMAGE_TAR) for `docker load -i` or
+# `ctr -n k8s.io images import`; `make image-push` pushes it with the credentials of
+# `docker login`. `make docker-image` builds the same image from the Dockerfile with Docker.
 IMAGE ?= ghcr.io/detourmesh/detour:$(VERSION)
-image:
+IMAGE_TAR ?= $(BIN)/detour-image.tar
+.PHONY: image-push docker-image
+image: build
+	go run ./hack/image --bin $(BIN) --version $(VERSION) --ref $(IMAGE) --out $(IMAGE_TAR)
+
+image-push: build
+	go run ./hack/image --bin $(BIN) --version $(VERSION) --ref $(IMAGE) --push
+
+docker-image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 # The injection webhook (docs/benchmarks-webhook.md): the mutation and admission benchmarks,

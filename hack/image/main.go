@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -43,6 +44,13 @@ func run() error {
 		return errors.New("--version is required (make image passes VERSION)")
 	}
 
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if *arch == "" || *arch == runtime.GOARCH {
+		if err := image.CheckDetourVersion(ctx, *bin, *version); err != nil {
+			return err
+		}
+	}
 	spec := image.DetourSpec(*bin, *version)
 	spec.Arch = *arch
 	if *ref != "" {
@@ -57,8 +65,6 @@ func run() error {
 		return err
 	}
 	if *push {
-		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-		defer stop()
 		if err := image.Push(ctx, spec.Ref, img); err != nil {
 			return err
 		}

@@ -1,8 +1,12 @@
 package image
 
 import (
+	"context"
 	_ "embed"
+	"fmt"
+	"os/exec"
 	"path/filepath"
+	"strings"
 )
 
 // The users of detour's image: root and nonroot (65532, distroless's non-root user). The
@@ -48,4 +52,20 @@ func DetourSpec(binDir, version string) Spec {
 			"org.opencontainers.image.licenses":    "Apache-2.0",
 		},
 	}
+}
+
+// CheckDetourVersion runs binDir/detour --version and fails unless it reports version, so that
+// the image's version label and the version the webhook writes into pods agree. Run it only
+// where the binary can run (the image's architecture is this machine's).
+func CheckDetourVersion(ctx context.Context, binDir, version string) error {
+	bin := filepath.Join(binDir, "detour")
+	out, err := exec.CommandContext(ctx, bin, "--version").Output()
+	if err != nil {
+		return fmt.Errorf("check the version of %s: %w (run make build first)", bin, err)
+	}
+	got := strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(string(out)), "detour version"))
+	if got != version {
+		return fmt.Errorf("%s is version %q, not %q: rebuild it with make build VERSION=%s (make image does)", bin, got, version, version)
+	}
+	return nil
 }

@@ -382,3 +382,21 @@ func TestPush(t *testing.T) {
 		t.Errorf("registry gone: %v", err)
 	}
 }
+
+func TestCheckDetourVersion(t *testing.T) {
+	bin := t.TempDir()
+	script := "#!/bin/sh\necho 'detour version v1.2.3'\n"
+	if err := os.WriteFile(filepath.Join(bin, "detour"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := CheckDetourVersion(ctx, bin, "v1.2.3"); err != nil {
+		t.Error(err)
+	}
+	if err := CheckDetourVersion(ctx, bin, "v2"); err == nil || !strings.Contains(err.Error(), `version "v1.2.3", not "v2": rebuild it with make build VERSION=v2`) {
+		t.Errorf("other version: %v", err)
+	}
+	if err := CheckDetourVersion(ctx, t.TempDir(), "v2"); err == nil || !strings.Contains(err.Error(), "run make build first") {
+		t.Errorf("no binary: %v", err)
+	}
+}

@@ -7,10 +7,16 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"sort"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -165,4 +171,78 @@ func TestBuild(t *testing.T) {
 	if !reflect.DeepEqual(tags, want) {
 		t.Errorf("manifest.json RepoTags %q, want %q", tags, want)
 	}
+
+	t.Run("programs", func(t *testing.T) { testPrograms(t, b) })
+}
+
+// testPrograms runs the built binaries as a container runtime would: their exit codes, and a
+// clean exit on SIGTERM (as PID 1 a program that does not handle it would never stop).
+func testPrograms(t *testing.T, b *Built) {
+	for _, tc := range []struct {
+		prog  string
+		args  []string
+		ready string // output to wait for before SIGTERM ("-": none, just a moment); "" runs to the end
+		code  int
+		out   string // a regular expression the output matches
+	}{
+		{pauseProg, nil, "-", 0, `^$`},
+		{pauseProg, []string{"x"}, "", 2, `usage: pause`},
+		{proxyProg, []string{"-outbound", "127.0.0.1:0", "-inbound", "127.0.0.1:0", "-admin", "127.0.0.1:0"}, "proxy admin listening", 0, `proxy outbound listening on 127\.0\.0\.1:\d+\n`},
+		{proxyProg, []string{"-admin"}, "", 1, `testproxy: flag needs an argument`},
+		{workloadProg, []string{"id"}, "", 0, `^uid=\d+ gid=\d+ groups=[0-9,]*\n$`},
+		{workloadProg, []string{"sleep", "then", "id"}, "-", 0, `^$`},
+		{workloadProg, []string{"serve", "-listen", "127.0.0.1:0", "-name", "x"}, "listening", 0, `^serve x listening on 127\.0\.0\.1:\d+\n$`},
+		{workloadProg, []string{"dial", "-addr", "127.0.0.1:1", "-timeout", "1s", "then", "id"}, "", 0, `^dial 127\.0\.0\.1:1 failed: .*\nuid=`},
+		{workloadProg, []string{"dial", "-addr", "127.0.0.1:1", "-must", "-timeout", "1s", "then", "id"}, "", 1, `^dial 127\.0\.0\.1:1 failed: .*\nworkload: dial 127\.0\.0\.1:1 failed`},
+		{workloadProg, []string{"nope"}, "", 1, `usage: workload`},
+	} {
+		t.Run(strings.Join(append([]string{tc.prog}, tc.args...), " "), func(t *testing.T) {
+			var out syncFile
+			cmd := exec.Command(b.Bin(tc.prog), tc.args...)
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			switch tc.ready {
+			case "":
+			case "-": // no output: give it time to be running, not starting
+				time.Sleep(200 * time.Millisecond)
+				cmd.Process.Signal(syscall.SIGTERM)
+			default:
+				for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), tc.ready) && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+				}
+				cmd.Process.Signal(syscall.SIGTERM)
+			}
+			err := cmd.Wait()
+			code := 0
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				code = ee.ExitCode()
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			if code != tc.code || !regexp.MustCompile(tc.out).MatchString(out.String()) {
+				t.Errorf("exit %d, output %q; want exit %d, output matching %s", code, out.String(), tc.code, tc.out)
+			}
+		})
+	}
+}
+
+// syncFile collects a program's output while the test reads it.
+type syncFile struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (f *syncFile) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.b.Write(p)
+}
+
+func (f *syncFile) String() string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.b.String()
 }

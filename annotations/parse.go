@@ -137,7 +137,8 @@ func cidr(s string) (netip.Prefix, error) {
 		if err != nil {
 			return netip.Prefix{}, fmt.Errorf("%s", rule)
 		}
-		return netip.PrefixFrom(addr, addr.BitLen()), nil
+		prefix := netip.PrefixFrom(addr, addr.BitLen())
+		return prefix, unmapped(prefix)
 	}
 	prefix, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -146,7 +147,21 @@ func cidr(s string) (netip.Prefix, error) {
 	if masked := prefix.Masked(); masked != prefix {
 		return netip.Prefix{}, fmt.Errorf("the address has bits set beyond the /%d prefix; write the network as %s", prefix.Bits(), masked)
 	}
-	return prefix, nil
+	return prefix, unmapped(prefix)
+}
+
+// unmapped rejects an IPv4-mapped IPv6 network (::ffff:a.b.c.d): the IPv4 traffic it names
+// never meets the IPv6 rules, so skipping it would skip nothing. The error gives the IPv4 form.
+func unmapped(p netip.Prefix) error {
+	if !p.Addr().Is4In6() || p.Bits() < 96 {
+		return nil
+	}
+	const why = "IPv4-mapped IPv6 addresses reach only the IPv6 rules, so the IPv4 traffic they name would still be redirected"
+	v4 := netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	if v4.IsSingleIP() {
+		return fmt.Errorf("%s; write the IPv4 address %s", why, v4.Addr())
+	}
+	return fmt.Errorf("%s; write the IPv4 network %s", why, v4)
 }
 
 // FormatCIDRs formats networks as ParseCIDRs reads them.

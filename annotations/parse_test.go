@@ -64,6 +64,12 @@ func TestParseCIDRs(t *testing.T) {
 		{in: "fe80::1%eth0", wantErr: "zoned addresses are not allowed"},
 		{in: "example.com", wantErr: `"example.com" is not valid`},
 		{in: "10.0.0.0/8,,", wantErr: "empty item"},
+		// IPv4-mapped IPv6 addresses would reach only the IPv6 rules, so the IPv4 traffic they
+		// name would stay redirected.
+		{in: "::ffff:169.254.169.254", wantErr: "IPv4-mapped IPv6 addresses reach only the IPv6 rules, so the IPv4 traffic they name would still be redirected; write the IPv4 address 169.254.169.254"},
+		{in: "::ffff:10.0.0.0/104", wantErr: "write the IPv4 network 10.0.0.0/8"},
+		{in: "::ffff:0:0/96", wantErr: "write the IPv4 network 0.0.0.0/0"},
+		{in: "::/0", want: []string{"::/0"}},
 	} {
 		got, err := ParseCIDRs(SkipOutboundCIDRs, tc.in)
 		if tc.wantErr != "" {

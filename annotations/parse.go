@@ -218,3 +218,34 @@ func FormatIDs(ids []uint32) string {
 	}
 	return strings.Join(s, ",")
 }
+
+const sentinelRule = "a sentinel is a unicast IPv4 or IPv6 address outside the pod and a port, " +
+	"such as 203.0.113.254:80 or [2001:db8::fe]:80"
+
+// ParseSentinels parses a list of TCP destinations such as "203.0.113.254:80,[2001:db8::fe]:80":
+// unicast addresses that are not loopback (which the redirect never touches), with a port.
+func ParseSentinels(key, value string) ([]netip.AddrPort, error) {
+	parts, err := items(key, value)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.AddrPort
+	for _, p := range parts {
+		ap, err := netip.ParseAddrPort(p)
+		a := ap.Addr()
+		if err != nil || ap.Port() == 0 || a.Zone() != "" || a.Is4In6() || a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() {
+			return nil, errorf(key, p, sentinelRule)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+// FormatSentinels formats destinations as ParseSentinels reads them.
+func FormatSentinels(aps []netip.AddrPort) string {
+	s := make([]string, len(aps))
+	for i, ap := range aps {
+		s[i] = ap.String()
+	}
+	return strings.Join(s, ",")
+}

@@ -178,6 +178,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		SkipOutboundCIDRs: dedupe(s.skipCIDRs),
 		ExemptUIDs:        ex.ids(ViaUID),
 		ExemptGIDs:        ex.ids(ViaGID),
+		Sentinels:         slices.Clone(cfg.Validator.Probes),
 	}
 	if n := len(r.SkipInboundPorts); n > annotations.MaxListItems {
 		return res, deny("%s (%s) and the proxy's admin ports make %d port ranges, more than %d; merge ports into ranges",

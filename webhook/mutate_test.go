@@ -291,6 +291,13 @@ func TestMutate(t *testing.T) {
 				annotations.RedirectSkipOutboundCIDRs: "10.0.0.0/8,fd00::/8"}},
 		},
 		{
+			name: "skip lists that cover the validator's probe: the probe is named for the plugin to redirect first",
+			pod:  newPod(annotate(annotations.SkipOutboundPorts, "80", annotations.SkipOutboundCIDRs, "0.0.0.0/0,::/0")),
+			want: want{annots: map[string]string{
+				annotations.RedirectSkipOutboundPorts: "80",
+				annotations.ValidatorSentinels:        "203.0.113.254:80,[2001:db8::fe]:80"}},
+		},
+		{
 			name: "a malformed pod annotation is denied, naming it",
 			pod:  newPod(annotate(annotations.SkipOutboundPorts, "25,smtp")),
 			want: want{denial: []string{annotations.SkipOutboundPorts, `"smtp" is not valid`, "fix the pod's annotation"}},
@@ -525,6 +532,9 @@ func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 	}
 	if *v.SecurityContext.RunAsUser != int64(cfg.Validator.UID) || !*v.SecurityContext.RunAsNonRoot || *v.SecurityContext.AllowPrivilegeEscalation {
 		t.Errorf("validator security context %+v", v.SecurityContext)
+	}
+	if !slices.Equal(r.Sentinels, cfg.Validator.Probes) || len(r.Sentinels) != 2 {
+		t.Errorf("validator sentinels %v, want the validator's probes %v", r.Sentinels, cfg.Validator.Probes)
 	}
 	if slices.Contains(r.ExemptUIDs, cfg.Validator.UID) || slices.Contains(r.ExemptGIDs, cfg.Validator.GID) {
 		t.Errorf("the validator is exempt: %+v", r)

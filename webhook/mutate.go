@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,23 +120,34 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	namespace := cmp.Or(in.Namespace, pod.Namespace)
 	u := userSettings{pod: pod.Annotations, ns: in.NamespaceAnnotations, namespace: namespace}
 
-	mode, err := u.injectMode()
-	if err != nil {
-		return Result{}, err
+	// The reasons that do not depend on detour.dev/inject come first, so that a malformed
+	// value on a pod detour never injects (an excluded namespace, a hostNetwork pod) skips it
+	// rather than denying it.
+	reason := fixedSkipReason(pod, namespace, cfg)
+	if reason == "" {
+		mode, err := u.injectMode()
+		if err != nil {
+			return Result{}, err
+		}
+		reason = optInSkipReason(mode)
 	}
-	if reason := skipReason(pod, mode, namespace, cfg); reason != "" {
-		// A pod the webhook leaves alone must not carry the webhook's annotations either: the
-		// plugin would act on a forged injected marker or exemption.
-		stripAnnotations(pod)
-		return Result{Outcome: Skipped, Reason: reason}, nil
+	if reason != "" {
+		return skip(pod, reason), nil
 	}
 	s, err := u.parse(cfg)
 	if err != nil {
 		return Result{}, err
 	}
 
-	strip(pod)
+	wasInjected := annotations.IsInjected(pod.Annotations)
+	removed := strip(pod)
 	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer}
+	if !wasInjected {
+		for _, name := range removed {
+			res.Warnings = append(res.Warnings, fmt.Sprintf(
+				"detour: the pod's container %q has a name detour reserves for its own containers, so it was replaced by detour's; rename it to keep it", name))
+		}
+	}
 	switch {
 	case s.mode == SidecarNative && !in.NativeSidecars:
 		res.Warnings = append(res.Warnings, fmt.Sprintf(
@@ -210,13 +222,10 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	return res, nil
 }
 
-// skipReason says why the pod is not injected (one of the Skip* constants), or "" when it is.
-func skipReason(pod *corev1.Pod, mode annotations.InjectMode, namespace string, cfg *Config) string {
+// fixedSkipReason says why the pod is never injected whatever its detour.dev/inject says (one
+// of the Skip* constants), or "".
+func fixedSkipReason(pod *corev1.Pod, namespace string, cfg *Config) string {
 	switch {
-	case mode == "":
-		return SkipNotEnabled
-	case mode == annotations.InjectDisabled:
-		return SkipDisabled
 	case slices.Contains(cfg.ExcludeNamespaces, namespace):
 		return SkipExcludedNamespace
 	case pod.Labels[PartOfLabel] == PartOfValue:
@@ -229,15 +238,52 @@ func skipReason(pod *corev1.Pod, mode annotations.InjectMode, namespace string, 
 	return ""
 }
 
-// strip removes a previous injection: the injected containers and every webhook-written
-// annotation (including values a pod author forged).
-func strip(pod *corev1.Pod) {
+// optInSkipReason says why a pod that could be injected is not, from its resolved
+// detour.dev/inject, or "" when it is opted in.
+func optInSkipReason(mode annotations.InjectMode) string {
+	switch mode {
+	case "":
+		return SkipNotEnabled
+	case annotations.InjectDisabled:
+		return SkipDisabled
+	}
+	return ""
+}
+
+// skip leaves the pod uninjected. It must not carry the webhook's annotations (the plugin would
+// act on a forged injected marker or exemption), nor detour's containers: a pod injected
+// offline (detour inject) but created where detour does not inject it would keep a validator
+// that fails for ever, since no rules are installed for it, and a proxy nothing sends to.
+func skip(pod *corev1.Pod, reason string) Result {
+	res := Result{Outcome: Skipped, Reason: reason}
+	removed := strip(pod)
+	if len(removed) > 0 {
+		quoted := make([]string, len(removed))
+		for i, n := range removed {
+			quoted[i] = strconv.Quote(n)
+		}
+		res.Warnings = append(res.Warnings, fmt.Sprintf(
+			"detour: the pod is not injected (%s), so detour removed its containers %s: without detour's rules the validator would fail for ever; opt the namespace or the pod in with %s: enabled to inject it",
+			reason, strings.Join(quoted, ", "), annotations.Inject))
+	}
+	return res
+}
+
+// strip removes a previous injection: the containers with detour's reserved names (returned,
+// in pod order) and every webhook-written annotation (including values a pod author forged).
+func strip(pod *corev1.Pod) []string {
+	var removed []string
 	ours := func(c corev1.Container) bool {
-		return c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer
+		if c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer {
+			removed = append(removed, c.Name)
+			return true
+		}
+		return false
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
 	stripAnnotations(pod)
+	return removed
 }
 
 // stripAnnotations removes every webhook-written annotation.

@@ -331,6 +331,47 @@ func TestMutate(t *testing.T) {
 			want: want{outcome: Injected}},
 		{name: "pod opts out of an opted-in namespace", pod: newPod(annotate(annotations.Inject, "disabled")),
 			want: want{outcome: Skipped, reason: SkipDisabled}},
+		{
+			name: "an injected pod created where detour does not inject loses detour's containers",
+			pod: newPod(annotate(annotations.Injected, "v0.1.0", annotations.ProxyUID, "2102"),
+				inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset), container("fetch", 1001, unset)),
+				apps(container("app", 1000, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			ns: map[string]string{},
+			want: want{outcome: Skipped, reason: SkipNotEnabled, warnings: []string{
+				`the pod is not injected (not-enabled), so detour removed its containers "detour-validator", "detour-proxy"`}},
+		},
+		{
+			name: "an opted-out pod loses detour's native proxy and validator",
+			pod: newPod(annotate(annotations.Inject, "disabled"),
+				inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			want: want{outcome: Skipped, reason: SkipDisabled, warnings: []string{"removed its containers"}},
+		},
+		{
+			name: "an excluded namespace with a malformed inject value is skipped, not denied",
+			cfg:  "excludeNamespaces: [shop]",
+			pod:  newPod(),
+			ns:   map[string]string{annotations.Inject: "yes"},
+			want: want{outcome: Skipped, reason: SkipExcludedNamespace},
+		},
+		{
+			name: "a hostNetwork pod with a malformed inject value is skipped, not denied",
+			pod: func() *corev1.Pod {
+				p := newPod(annotate(annotations.Inject, "true"))
+				p.Spec.HostNetwork = true
+				return p
+			}(),
+			want: want{outcome: Skipped, reason: SkipHostNetwork},
+		},
+		{
+			name: "a user container with a reserved name is replaced with a warning",
+			pod:  newPod(apps(container("app", 1000, unset), container(annotations.ProxyContainer, 1000, unset))),
+			want: want{outcome: Injected, warnings: []string{`the pod's container "detour-proxy" has a name detour reserves`}},
+		},
+		{
+			name: "re-injecting an injected pod gives no reserved-name warning",
+			pod:  newPod(annotate(annotations.Injected, "v0.1.0"), apps(container("app", 1000, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			want: want{outcome: Injected, noWarning: []string{"reserves"}},
+		},
 		{name: "host network", pod: func() *corev1.Pod { p := newPod(); p.Spec.HostNetwork = true; return p }(),
 			want: want{outcome: Skipped, reason: SkipHostNetwork}},
 		{name: "detour's own pods", pod: func() *corev1.Pod { p := newPod(); p.Labels = map[string]string{PartOfLabel: PartOfValue}; return p }(),
@@ -435,11 +476,16 @@ func checkResult(t *testing.T, before, pod *corev1.Pod, res Result, cfg *Config,
 		if w.reason != "" && res.Reason != w.reason {
 			t.Errorf("skip reason = %s, want %s", res.Reason, w.reason)
 		}
-		// A skipped pod loses the webhook's annotations, and nothing else.
+		// A skipped pod loses the webhook's annotations and detour's containers, and nothing else.
 		before = before.DeepCopy()
 		for _, k := range annotations.WebhookKeys {
 			delete(before.Annotations, k)
 		}
+		ours := func(c corev1.Container) bool {
+			return c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer
+		}
+		before.Spec.InitContainers = slices.DeleteFunc(before.Spec.InitContainers, ours)
+		before.Spec.Containers = slices.DeleteFunc(before.Spec.Containers, ours)
 		if !reflect.DeepEqual(before, pod) {
 			t.Errorf("a skipped pod was changed beyond losing the webhook's annotations")
 		}

@@ -125,8 +125,8 @@ func TestHandler(t *testing.T) {
 
 	t.Run("denies with the fix under deny", func(t *testing.T) {
 		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
-		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(inits(container("fetch", unset, unset))))))
-		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set securityContext.runAsUser") {
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(apps(container("app", DefaultProxyUID, unset))))))
+		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set its securityContext.runAsUser") {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
 		}
 		if len(resp.Warnings) == 0 {

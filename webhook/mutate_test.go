@@ -121,13 +121,15 @@ func TestMutate(t *testing.T) {
 				warnings: []string{`init container "fetch" runs as UID 1001; it keeps egress as UID 1001`}},
 		},
 		{
-			name: "image-default UID in container mode: warning, no runAsGroup",
+			name: "image-default user in container mode: a dedicated GID, the image's user kept",
 			cfg:  "sidecarMode: container",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids(""),
-				vias:       map[string]Via{"fetch": Refused},
-				runAsGroup: map[string]int64{"fetch": unset},
-				warnings:   []string{`init container "fetch" runs as the image's default user`, "set securityContext.runAsUser"}},
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids("2600"),
+				vias:       map[string]Via{"fetch": ViaGID},
+				runAsGroup: map[string]int64{"fetch": 2600},
+				warnings:   []string{`init container "fetch" runs as its image's default user; it keeps egress through GID 2600`},
+				noWarning:  []string{"set securityContext.runAsUser"},
+				annots:     map[string]string{annotations.InitEgressStatus: "container: fetch gid 2600 (runs as its image's default user)"}},
 		},
 		{
 			name:   "image-default UID in auto mode on a 1.29+ server: native sidecar",
@@ -140,17 +142,41 @@ func TestMutate(t *testing.T) {
 				noWarning:  []string{"runAsUser"}},
 		},
 		{
-			name: "image-default UID in auto mode on an older server: container mode and a warning",
+			name: "image-default user in auto mode on an older server: container mode and a dedicated GID",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{outcome: Injected, mode: annotations.SidecarContainer, vias: map[string]Via{"fetch": Refused},
-				runAsGroup: map[string]int64{"fetch": unset}, warnings: []string{"set securityContext.runAsUser"}},
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, vias: map[string]Via{"fetch": ViaGID},
+				runAsGroup: map[string]int64{"fetch": 2600}},
 		},
 		{
-			name: "image-default UID under deny: denied with the fix",
+			name: "image-default user under deny: admitted with a dedicated GID",
 			cfg:  "conflictPolicy: deny\nsidecarMode: container",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{denial: []string{`init container "fetch" needs network access before the proxy starts`,
-				"runs as the image's default user", "set securityContext.runAsUser", annotations.SidecarMode + ": native"}},
+			want: want{outcome: Injected, gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID}},
+		},
+		{
+			name: "a UID inherited from the pod's runAsUser is exempted through a GID, never by UID (kubectl debug inherits it)",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(1200))}),
+				inits(container("fetch", unset, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids(""), gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID}, runAsGroup: map[string]int64{"fetch": 2600},
+				warnings: []string{`init container "fetch" inherits UID 1200 from the pod's securityContext.runAsUser, which containers added later (kubectl debug) inherit too; it keeps egress through GID 2600`}},
+		},
+		{
+			name: "an init container's own UID equal to the pod's runAsUser is exempted through a GID",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(1200))}),
+				inits(container("fetch", 1200, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids(""), gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID},
+				warnings: []string{`runs as UID 1200, the pod's securityContext.runAsUser`}},
+		},
+		{
+			name: "a dedicated GID never equals another container's UID (uid N commonly has group N)",
+			pod:  newPod(inits(container("migrate", 0, unset)), apps(container("app", 2600, unset))),
+			want: want{gids: ids("2601"), runAsGroup: map[string]int64{"migrate": 2601}},
+		},
+		{
+			name: "a dedicated GID avoids the pod's runAsUser and every init container's UID",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(2600))}),
+				inits(container("a", 0, unset), container("b", 2601, unset), container("c", 0, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids("2601"), gids: ids("2602,2603"), runAsGroup: map[string]int64{"a": 2602, "c": 2603}},
 		},
 		{
 			name: "root gets a dedicated GID",
@@ -602,11 +628,23 @@ func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 	if proxies != 1 {
 		t.Errorf("the pod has %d proxies", proxies)
 	}
-	// Exempt identities are used only by selected, run-to-completion init containers.
-	for i := range pod.Spec.InitContainers {
-		c := &pod.Spec.InitContainers[i]
-		if c.SecurityContext != nil && c.SecurityContext.RunAsGroup != nil && effectiveUID(pod, c) == nil {
-			t.Errorf("init container %q has a runAsGroup without an effective runAsUser", c.Name)
+	// Exempt identities are used only by selected, run-to-completion init containers; what a
+	// container added later (kubectl debug) inherits from the pod is never exempt, and no
+	// dedicated GID is a UID anyone in the pod runs as.
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.RunAsUser != nil {
+		if slices.Contains(r.ExemptUIDs, uint32(*sc.RunAsUser)) {
+			t.Errorf("the pod's runAsUser %d is exempt by UID", *sc.RunAsUser)
+		}
+		if slices.Contains(r.ExemptGIDs, uint32(*sc.RunAsUser)) {
+			t.Errorf("the pod's runAsUser %d is an exempt GID", *sc.RunAsUser)
+		}
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.RunAsGroup != nil && slices.Contains(r.ExemptGIDs, uint32(*sc.RunAsGroup)) {
+		t.Errorf("the pod's runAsGroup %d is exempt", *sc.RunAsGroup)
+	}
+	for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
+		if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && slices.Contains(r.ExemptGIDs, uint32(*c.SecurityContext.RunAsUser)) {
+			t.Errorf("container %q runs as UID %d, an exempt GID", c.Name, *c.SecurityContext.RunAsUser)
 		}
 	}
 	mustStay := slices.Clone(pod.Spec.Containers)

@@ -87,7 +87,7 @@ func TestInjectGolden(t *testing.T) {
 func TestInjectStdinAndErrors(t *testing.T) {
 	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  initContainers: [{name: i, image: busybox}]\n  containers: [{name: a, image: nginx}]\n"
 	out, errOut, err := run(t, pod, append([]string{"inject", "-f", "-", "--sidecar-mode=container"}, goldenInjectArgs...)...)
-	if err != nil || !strings.Contains(out, "name: "+annotations.ProxyContainer) || !strings.Contains(errOut, `Warning: Pod p: detour: init container "i" runs as the image's default user`) {
+	if err != nil || !strings.Contains(out, "name: "+annotations.ProxyContainer) || !strings.Contains(errOut, `Warning: Pod p: detour: init container "i" runs as its image's default user; it keeps egress through GID 2600`) {
 		t.Errorf("stdin injection: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
 	for _, tc := range []struct {
@@ -98,7 +98,6 @@ func TestInjectStdinAndErrors(t *testing.T) {
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=sidecar"}, `sidecarMode: "sidecar" is not valid`},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--gid-range=10"}, "--gid-range"},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--proxy-uid=0"}, "proxy.uid: 0 is not valid"},
-		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=container", "--conflict-policy=deny"}, `Pod p: detour: init container "i" needs network access`},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--namespace-annotation=x"}, "key=value"},
 		{[]string{"inject", "-f", "/nonexistent.yaml", "--proxy-image=p"}, "no such file"},
 	} {
@@ -109,6 +108,13 @@ func TestInjectStdinAndErrors(t *testing.T) {
 		if out != "" {
 			t.Errorf("detour %v wrote output on failure:\n%s", tc.args, out)
 		}
+	}
+	// Denied: the app runs as UID 2600, the only GID of the range, so the init container
+	// cannot get a dedicated GID.
+	denied := strings.Replace(pod, "{name: a, image: nginx}", "{name: a, image: nginx, securityContext: {runAsUser: 2600}}", 1)
+	args := []string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=container", "--conflict-policy=deny", "--gid-range=2600-2600"}
+	if out, _, err := run(t, denied, args...); err == nil || !strings.Contains(err.Error(), `Pod p: detour: init container "i" needs network access`) || out != "" {
+		t.Errorf("detour %v: error %v, output %q; want a denial and no output", args, err, out)
 	}
 }
 

@@ -156,6 +156,12 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		res.Mode = annotations.SidecarNative
 	}
 
+	if res.Mode == annotations.SidecarContainer {
+		if w := runToCompletionWarning(pod, in.NativeSidecars); w != "" {
+			res.Warnings = append(res.Warnings, w)
+		}
+	}
+
 	var ex exemptions
 	if res.Mode == annotations.SidecarNative {
 		ex = behindProxy(pod, cfg)
@@ -220,6 +226,24 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		pod.Spec.Containers = append(pod.Spec.Containers, proxy)
 	}
 	return res, nil
+}
+
+// runToCompletionWarning warns about a pod that runs to completion (restartPolicy Never or
+// OnFailure: a Job's or a CronJob's) when the proxy is a regular container: the proxy never
+// exits, so the pod never completes. A native sidecar does not hold a pod back, which is why
+// sidecar mode auto picks it wherever the cluster has it.
+func runToCompletionWarning(pod *corev1.Pod, native bool) string {
+	policy := pod.Spec.RestartPolicy
+	if policy != corev1.RestartPolicyNever && policy != corev1.RestartPolicyOnFailure {
+		return ""
+	}
+	fix := "annotate the pod " + annotations.SidecarMode + ": native, so that the proxy runs as a native sidecar, which the kubelet stops once the other containers finish"
+	if !native {
+		fix = "run it on Kubernetes 1.29 or later with " + annotations.SidecarMode + ": native (or sidecarMode auto), or make the proxy exit when the job's containers are done"
+	}
+	return fmt.Sprintf(
+		"detour: the pod's restartPolicy is %s (a Job or CronJob runs such pods), and the proxy runs as a regular container that does not exit, so the pod never completes; %s",
+		policy, fix)
 }
 
 // fixedSkipReason says why the pod is never injected whatever its detour.dev/inject says (one

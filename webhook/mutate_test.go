@@ -179,6 +179,32 @@ func TestMutate(t *testing.T) {
 			want: want{uids: ids("2601"), gids: ids("2602,2603"), runAsGroup: map[string]int64{"a": 2602, "c": 2603}},
 		},
 		{
+			name:   "a Job's pod in container mode is warned that it never completes",
+			cfg:    "sidecarMode: container",
+			pod:    func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyNever; return p }(),
+			native: true,
+			want: want{mode: annotations.SidecarContainer, warnings: []string{
+				"the pod's restartPolicy is Never (a Job or CronJob runs such pods), and the proxy runs as a regular container that does not exit, so the pod never completes",
+				"annotate the pod detour.dev/sidecar-mode: native"}},
+		},
+		{
+			name: "a Job's pod in auto mode on an older cluster is warned, with the upgrade as the fix",
+			pod:  func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyOnFailure; return p }(),
+			want: want{mode: annotations.SidecarContainer, warnings: []string{"restartPolicy is OnFailure", "Kubernetes 1.29 or later"}},
+		},
+		{
+			name:   "a Job's pod in auto mode gets the native sidecar where the cluster has it",
+			pod:    func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyNever; return p }(),
+			native: true,
+			want:   want{mode: annotations.SidecarNative, noWarning: []string{"never completes"}},
+		},
+		{
+			name: "a long-running pod in container mode gets no completion warning",
+			cfg:  "sidecarMode: container",
+			pod:  newPod(),
+			want: want{mode: annotations.SidecarContainer, noWarning: []string{"never completes"}},
+		},
+		{
 			name: "root gets a dedicated GID",
 			pod:  newPod(inits(container("migrate", 0, unset))),
 			want: want{outcome: Injected, uids: ids(""), gids: ids("2600"),

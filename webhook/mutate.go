@@ -286,9 +286,13 @@ func skip(pod *corev1.Pod, reason string) Result {
 		for i, n := range removed {
 			quoted[i] = strconv.Quote(n)
 		}
+		next := fmt.Sprintf("opt the namespace or the pod in with %s: enabled to inject it", annotations.Inject)
+		if reason != SkipNotEnabled && reason != SkipDisabled {
+			next = "detour never injects such a pod"
+		}
 		res.Warnings = append(res.Warnings, fmt.Sprintf(
-			"detour: the pod is not injected (%s), so detour removed its containers %s: without detour's rules the validator would fail for ever; opt the namespace or the pod in with %s: enabled to inject it",
-			reason, strings.Join(quoted, ", "), annotations.Inject))
+			"detour: the pod is not injected (%s), so detour removed its containers %s: without detour's rules the validator would fail for ever; %s",
+			reason, strings.Join(quoted, ", "), next))
 	}
 	return res
 }

@@ -399,6 +399,16 @@ func TestMutate(t *testing.T) {
 			want: want{outcome: Skipped, reason: SkipDisabled, warnings: []string{"removed its containers"}},
 		},
 		{
+			name: "a hostNetwork pod loses detour's containers, and is told detour never injects it",
+			pod: func() *corev1.Pod {
+				p := newPod(annotate(annotations.Injected, "v0.1.0"), inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset)))
+				p.Spec.HostNetwork = true
+				return p
+			}(),
+			want: want{outcome: Skipped, reason: SkipHostNetwork, warnings: []string{`so detour removed its containers "detour-validator"`, "detour never injects such a pod"},
+				noWarning: []string{"opt the namespace"}},
+		},
+		{
 			name: "an excluded namespace with a malformed inject value is skipped, not denied",
 			cfg:  "excludeNamespaces: [shop]",
 			pod:  newPod(),

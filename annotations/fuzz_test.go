@@ -97,3 +97,24 @@ func FuzzParseRedirect(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseSentinels(f *testing.F) {
+	for _, s := range []string{"203.0.113.254:80", "203.0.113.254:80,[2001:db8::fe]:80", "[::ffff:1.2.3.4]:80", "127.0.0.1:80", "1.2.3.4:0", "[fe80::1%lo]:80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		x, err := ParseSentinels(ValidatorSentinels, s)
+		if err != nil {
+			return
+		}
+		for _, ap := range x {
+			if ap.Port() == 0 || ap.Addr().IsLoopback() || ap.Addr().Is4In6() {
+				t.Fatalf("ParseSentinels(%q) accepted %s", s, ap)
+			}
+		}
+		y, err := ParseSentinels(ValidatorSentinels, FormatSentinels(x))
+		if err != nil || !reflect.DeepEqual(x, y) {
+			t.Fatalf("ParseSentinels(FormatSentinels(%v)) = %v, %v", x, y, err)
+		}
+	})
+}

@@ -42,6 +42,10 @@ const (
 	ExemptUIDs = Prefix + "exempt-uids"
 	// ExemptGIDs lists the dedicated GIDs whose traffic bypasses the redirect.
 	ExemptGIDs = Prefix + "exempt-gids"
+	// ValidatorSentinels lists the destinations the validator probes ("203.0.113.254:80,
+	// [2001:db8::fe]:80"). The plugin redirects them ahead of the skip lists, so the validator
+	// passes whenever detour's rules are installed, whatever the pod's skip lists say.
+	ValidatorSentinels = Prefix + "validator-sentinels"
 	// InitEgressStatus records, for people, what the webhook decided for each init container.
 	// It is informational; the plugin does not read it.
 	InitEgressStatus = Prefix + "init-egress-status"
@@ -51,7 +55,7 @@ const (
 var WebhookKeys = []string{
 	Injected, ProxyUID, ProxyInboundPort, ProxyOutboundPort,
 	RedirectSkipInboundPorts, RedirectSkipOutboundPorts, RedirectSkipOutboundCIDRs,
-	ExemptUIDs, ExemptGIDs, InitEgressStatus,
+	ExemptUIDs, ExemptGIDs, ValidatorSentinels, InitEgressStatus,
 }
 
 // MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an

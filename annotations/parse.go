@@ -137,7 +137,8 @@ func cidr(s string) (netip.Prefix, error) {
 		if err != nil {
 			return netip.Prefix{}, fmt.Errorf("%s", rule)
 		}
-		return netip.PrefixFrom(addr, addr.BitLen()), nil
+		prefix := netip.PrefixFrom(addr, addr.BitLen())
+		return prefix, unmapped(prefix)
 	}
 	prefix, err := netip.ParsePrefix(s)
 	if err != nil {
@@ -146,7 +147,21 @@ func cidr(s string) (netip.Prefix, error) {
 	if masked := prefix.Masked(); masked != prefix {
 		return netip.Prefix{}, fmt.Errorf("the address has bits set beyond the /%d prefix; write the network as %s", prefix.Bits(), masked)
 	}
-	return prefix, nil
+	return prefix, unmapped(prefix)
+}
+
+// unmapped rejects an IPv4-mapped IPv6 network (::ffff:a.b.c.d): the IPv4 traffic it names
+// never meets the IPv6 rules, so skipping it would skip nothing. The error gives the IPv4 form.
+func unmapped(p netip.Prefix) error {
+	if !p.Addr().Is4In6() || p.Bits() < 96 {
+		return nil
+	}
+	const why = "IPv4-mapped IPv6 addresses reach only the IPv6 rules, so the IPv4 traffic they name would still be redirected"
+	v4 := netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	if v4.IsSingleIP() {
+		return fmt.Errorf("%s; write the IPv4 address %s", why, v4.Addr())
+	}
+	return fmt.Errorf("%s; write the IPv4 network %s", why, v4)
 }
 
 // FormatCIDRs formats networks as ParseCIDRs reads them.
@@ -200,6 +215,37 @@ func FormatIDs(ids []uint32) string {
 	s := make([]string, len(ids))
 	for i, id := range ids {
 		s[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(s, ",")
+}
+
+const sentinelRule = "a sentinel is a unicast IPv4 or IPv6 address outside the pod and a port, " +
+	"such as 203.0.113.254:80 or [2001:db8::fe]:80"
+
+// ParseSentinels parses a list of TCP destinations such as "203.0.113.254:80,[2001:db8::fe]:80":
+// unicast addresses that are not loopback (which the redirect never touches), with a port.
+func ParseSentinels(key, value string) ([]netip.AddrPort, error) {
+	parts, err := items(key, value)
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.AddrPort
+	for _, p := range parts {
+		ap, err := netip.ParseAddrPort(p)
+		a := ap.Addr()
+		if err != nil || ap.Port() == 0 || a.Zone() != "" || a.Is4In6() || a.IsLoopback() || a.IsUnspecified() || a.IsMulticast() {
+			return nil, errorf(key, p, sentinelRule)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+// FormatSentinels formats destinations as ParseSentinels reads them.
+func FormatSentinels(aps []netip.AddrPort) string {
+	s := make([]string, len(aps))
+	for i, ap := range aps {
+		s[i] = ap.String()
 	}
 	return strings.Join(s, ",")
 }

@@ -64,6 +64,12 @@ func TestParseCIDRs(t *testing.T) {
 		{in: "fe80::1%eth0", wantErr: "zoned addresses are not allowed"},
 		{in: "example.com", wantErr: `"example.com" is not valid`},
 		{in: "10.0.0.0/8,,", wantErr: "empty item"},
+		// IPv4-mapped IPv6 addresses would reach only the IPv6 rules, so the IPv4 traffic they
+		// name would stay redirected.
+		{in: "::ffff:169.254.169.254", wantErr: "IPv4-mapped IPv6 addresses reach only the IPv6 rules, so the IPv4 traffic they name would still be redirected; write the IPv4 address 169.254.169.254"},
+		{in: "::ffff:10.0.0.0/104", wantErr: "write the IPv4 network 10.0.0.0/8"},
+		{in: "::ffff:0:0/96", wantErr: "write the IPv4 network 0.0.0.0/0"},
+		{in: "::/0", want: []string{"::/0"}},
 	} {
 		got, err := ParseCIDRs(SkipOutboundCIDRs, tc.in)
 		if tc.wantErr != "" {
@@ -165,13 +171,15 @@ func sampleRedirect() Redirect {
 		SkipOutboundCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00::/8")},
 		ExemptUIDs:        []uint32{1000},
 		ExemptGIDs:        []uint32{2601},
+		Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80"), netip.MustParseAddrPort("[2001:db8::fe]:80")},
 	}
 }
 
 func TestRedirectRoundTrip(t *testing.T) {
 	r := sampleRedirect()
 	a := r.Annotations()
-	if a[SkipOutboundPorts] != "" || a[RedirectSkipOutboundPorts] != "25,8000-8100" || a[ExemptGIDs] != "2601" {
+	if a[SkipOutboundPorts] != "" || a[RedirectSkipOutboundPorts] != "25,8000-8100" || a[ExemptGIDs] != "2601" ||
+		a[ValidatorSentinels] != "203.0.113.254:80,[2001:db8::fe]:80" {
 		t.Fatalf("Annotations() = %v", a)
 	}
 	got, err := ParseRedirect(a)
@@ -203,6 +211,9 @@ func TestParseRedirectErrors(t *testing.T) {
 		{"bad cidr", func(a map[string]string) { a[RedirectSkipOutboundCIDRs] = "10.1.0.0/8" }, RedirectSkipOutboundCIDRs, "10.0.0.0/8"},
 		{"root uid", func(a map[string]string) { a[ExemptUIDs] = "1000,0" }, ExemptUIDs, `"0"`},
 		{"root gid", func(a map[string]string) { a[ExemptGIDs] = "0" }, ExemptGIDs, "never exempt"},
+		{"sentinel without port", func(a map[string]string) { a[ValidatorSentinels] = "203.0.113.254" }, ValidatorSentinels, "such as 203.0.113.254:80"},
+		{"loopback sentinel", func(a map[string]string) { a[ValidatorSentinels] = "127.0.0.1:80" }, ValidatorSentinels, "outside the pod"},
+		{"sentinel port 0", func(a map[string]string) { a[ValidatorSentinels] = "[2001:db8::fe]:0" }, ValidatorSentinels, "and a port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := sampleRedirect().Annotations()

@@ -20,6 +20,8 @@ type Redirect struct {
 	SkipOutboundCIDRs []netip.Prefix
 	ExemptUIDs        []uint32
 	ExemptGIDs        []uint32
+	// Sentinels are the validator's probe destinations.
+	Sentinels []netip.AddrPort
 }
 
 // IsInjected reports whether annotations carry the webhook's injected marker.
@@ -64,6 +66,9 @@ func ParseRedirect(a map[string]string) (Redirect, error) {
 	if r.ExemptGIDs, err = ParseIDs(ExemptGIDs, a[ExemptGIDs]); err != nil {
 		return r, err
 	}
+	if r.Sentinels, err = ParseSentinels(ValidatorSentinels, a[ValidatorSentinels]); err != nil {
+		return r, err
+	}
 	return r, nil
 }
 
@@ -102,5 +107,6 @@ func (r Redirect) Annotations() map[string]string {
 	set(RedirectSkipOutboundCIDRs, FormatCIDRs(r.SkipOutboundCIDRs))
 	set(ExemptUIDs, FormatIDs(r.ExemptUIDs))
 	set(ExemptGIDs, FormatIDs(r.ExemptGIDs))
+	set(ValidatorSentinels, FormatSentinels(r.Sentinels))
 	return a
 }

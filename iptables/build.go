@@ -46,6 +46,10 @@ type Config struct {
 	SkipOutboundCIDRs []netip.Prefix
 	ExemptUIDs        []uint32
 	ExemptGIDs        []uint32
+	// Sentinels are the validator's probe destinations; may mix families, Build keeps those of
+	// Family. They are redirected ahead of the skip lists, so the validator passes whenever the
+	// rules are installed, whatever the pod's skip lists say.
+	Sentinels []netip.AddrPort
 }
 
 // ConfigFromRedirect is the Config for one family from a pod's webhook-written annotations.
@@ -60,6 +64,7 @@ func ConfigFromRedirect(r annotations.Redirect, f Family) Config {
 		SkipOutboundCIDRs: r.SkipOutboundCIDRs,
 		ExemptUIDs:        r.ExemptUIDs,
 		ExemptGIDs:        r.ExemptGIDs,
+		Sentinels:         r.Sentinels,
 	}
 }
 
@@ -101,7 +106,9 @@ func Build(c Config) (Ruleset, error) {
 	add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
 
 	// Outbound: the proxy and the exempt identities go out directly, as does anything to
-	// loopback, a skipped network or a skipped port; everything else goes to the proxy.
+	// loopback, a skipped network or a skipped port; everything else goes to the proxy. The
+	// validator's probe goes to the proxy's port before any skip list is consulted: a skip list
+	// that covers it (port 80, 0.0.0.0/0) must not make the validator fail for ever.
 	add(OutboundChain, "-m owner --uid-owner "+id(c.ProxyUID)+comment("proxy-uid")+" -j RETURN")
 	for _, uid := range c.ExemptUIDs {
 		add(OutboundChain, "-m owner --uid-owner "+id(uid)+comment("exempt-uid")+" -j RETURN")
@@ -110,9 +117,16 @@ func Build(c Config) (Ruleset, error) {
 		add(OutboundChain, "-m owner --gid-owner "+id(gid)+comment("exempt-gid")+" -j RETURN")
 	}
 	add(OutboundChain, "-o lo"+comment("loopback")+" -j RETURN")
+	for _, s := range c.Sentinels {
+		if s.Addr().Unmap().Is4() == (c.Family == IPv4) {
+			dst := netip.PrefixFrom(s.Addr().Unmap(), s.Addr().Unmap().BitLen())
+			add(OutboundChain, "-d "+dst.String()+" -p tcp -m multiport --dports "+strconv.Itoa(int(s.Port()))+
+				comment("validator-sentinel")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
+		}
+	}
 	for _, p := range c.SkipOutboundCIDRs {
 		if p.Addr().Is4() == (c.Family == IPv4) {
-			add(OutboundChain, "-d "+p.String()+comment("skip-outbound-cidr")+" -j RETURN")
+			add(OutboundChain, strings.TrimPrefix(destination(p)+comment("skip-outbound-cidr")+" -j RETURN", " "))
 		}
 	}
 	for _, ports := range multiport(c.SkipOutboundPorts) {
@@ -120,6 +134,15 @@ func Build(c Config) (Ruleset, error) {
 	}
 	add(OutboundChain, "-p tcp"+comment("redirect-outbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
 	return rs, nil
+}
+
+// destination is the "-d" match of p as iptables-save prints it: none for a /0 network, which
+// matches every address (iptables-save leaves out a match-all "-d").
+func destination(p netip.Prefix) string {
+	if p.Bits() == 0 {
+		return ""
+	}
+	return "-d " + p.String()
 }
 
 // hooks are the jumps from the built-in chains into detour's; they are the same in every

@@ -40,6 +40,7 @@ func fullConfig(f Family) Config {
 		SkipOutboundCIDRs: cidrs("10.96.0.0/12,fd00:10:96::/112,169.254.169.254"),
 		ExemptUIDs:        []uint32{1000, 1001},
 		ExemptGIDs:        []uint32{2601},
+		Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80"), netip.MustParseAddrPort("[2001:db8::fe]:80")},
 	}
 }
 
@@ -149,4 +150,47 @@ func FuzzBuild(f *testing.F) {
 			t.Fatalf("the rendered text does not parse back to the ruleset: %v", diff(rs, got))
 		}
 	})
+}
+
+// The validator's probe is redirected whatever the skip lists say (issue 10): a pod that skips
+// port 80 or every network must still pass its validator, so the sentinel's REDIRECT comes
+// before any skip RETURN, after the identities that always go out directly.
+func TestBuildSentinelAheadOfSkipLists(t *testing.T) {
+	for _, f := range []Family{IPv4, IPv6} {
+		rs, err := Build(Config{
+			Family: f, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
+			SkipOutboundPorts: ports("80"),
+			SkipOutboundCIDRs: cidrs("0.0.0.0/0,::/0"),
+			ExemptUIDs:        []uint32{1000},
+			Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80"), netip.MustParseAddrPort("[2001:db8::fe]:80")},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[Family]string{
+			IPv4: `-d 203.0.113.254/32 -p tcp -m multiport --dports 80 -m comment --comment "detour/validator-sentinel" -j REDIRECT --to-ports 4140`,
+			IPv6: `-d 2001:db8::fe/128 -p tcp -m multiport --dports 80 -m comment --comment "detour/validator-sentinel" -j REDIRECT --to-ports 4140`,
+		}[f]
+		sentinel, firstSkip, lastExempt := -1, -1, -1
+		for i, r := range rs.Rules {
+			switch {
+			case r.Spec == want:
+				sentinel = i
+			case strings.Contains(r.Spec, "detour/validator-sentinel"):
+				t.Errorf("%s: a sentinel of the other family: %s", f, r)
+			case strings.Contains(r.Spec, "detour/skip-outbound") && firstSkip < 0:
+				firstSkip = i
+			case strings.Contains(r.Spec, "-m owner"):
+				lastExempt = i
+			}
+		}
+		if sentinel < 0 || firstSkip < 0 || sentinel > firstSkip || sentinel < lastExempt {
+			t.Errorf("%s: sentinel rule at %d, first skip at %d, last owner rule at %d; want owner < sentinel < skip:\n%s", f, sentinel, firstSkip, lastExempt, rs.Restore())
+		}
+		// iptables-save prints a match-all destination without -d; the executor compares
+		// rules as iptables-save prints them.
+		if !strings.Contains(rs.Restore(), "-A DETOUR_OUTBOUND -m comment --comment \"detour/skip-outbound-cidr\" -j RETURN\n") {
+			t.Errorf("%s: the /0 skip is not rendered without -d:\n%s", f, rs.Restore())
+		}
+	}
 }

@@ -245,3 +245,42 @@ func TestIntegrationAutoBackendFollowsExistingRules(t *testing.T) {
 		})
 	}
 }
+
+// The validator's probe is redirected although the pod skips its port and every network
+// (issue 10): the validator passes whenever detour's rules are installed. The exempt identities
+// still go out directly, and the /0 skip list lets everything else through.
+func TestIntegrationSentinelRedirectedWhateverTheSkipLists(t *testing.T) {
+	testenv.Privileged(t)
+	ctx := context.Background()
+	for _, family := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		t.Run(family.String(), func(t *testing.T) {
+			tp := newTopology(t, family)
+			sentinel, network := netip.MustParseAddrPort("203.0.113.254:8080"), netip.MustParsePrefix("203.0.113.0/24")
+			if family == iptables.IPv6 {
+				sentinel, network = netip.MustParseAddrPort("[2001:db8::fe]:8080"), netip.MustParsePrefix("2001:db8::/32")
+			}
+			testenv.AddRoute(t, tp.pod, network, tp.remoteIP)
+			rs, err := iptables.Build(iptables.Config{
+				Family: family, ProxyUID: proxy.UID, InboundPort: 4143, OutboundPort: 4140,
+				SkipOutboundPorts: []annotations.PortRange{{First: 8080, Last: 8080}},
+				SkipOutboundCIDRs: []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")},
+				ExemptGIDs:        []uint32{exemptGID.GID},
+				Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:8080"), netip.MustParseAddrPort("[2001:db8::fe]:8080")},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			exec := iptables.NewExecutor()
+			if err := exec.Apply(ctx, tp.pod.Path, rs); err != nil {
+				t.Fatalf("apply: %v", err)
+			}
+			if err := exec.Check(ctx, tp.pod.Path, rs); err != nil {
+				t.Fatalf("check right after apply (a /0 skip must read back as written): %v", err)
+			}
+			validator := testenv.Identity{UID: 2103, GID: 2103}
+			expect(t, tp.pod, validator, sentinel, "outbound "+sentinel.String())
+			remote := netip.AddrPortFrom(tp.remoteIP, 8080)
+			expect(t, tp.pod, app, remote, "remote "+remote.String())
+		})
+	}
+}

@@ -106,7 +106,7 @@ func TestDiff(t *testing.T) {
 		{"missing chain", "*nat\n" + rs.Hooks[0].String() + "\n" + rs.Hooks[1].String() + "\nCOMMIT\n",
 			"chain DETOUR_INBOUND is missing"},
 		{"last rule missing", strings.Replace(saved, rs.Rules[len(rs.Rules)-1].String()+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 10, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`},
+			`chain DETOUR_OUTBOUND lacks rule 11, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := diff(rs, parseSave(tc.saved))

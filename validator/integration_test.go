@@ -10,11 +10,15 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/cli"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/validator"
+	"github.com/detourmesh/detour/webhook"
 )
 
 func TestMain(m *testing.M) {
@@ -158,5 +162,63 @@ func TestIntegrationValidatorBadFlags(t *testing.T) {
 		if res.ExitCode != validator.ExitUsage || res.Stderr == "" {
 			t.Errorf("validate %v: exit code %d, stderr %q; want %d and a message", args, res.ExitCode, res.Stderr, validator.ExitUsage)
 		}
+	}
+}
+
+// Issue 10: a pod whose skip lists cover the validator's probe (port 80, every network) still
+// passes its validator, because the webhook names the probe in detour.dev/validator-sentinels
+// and the plugin redirects it ahead of the skip lists. The injected validator's own command
+// runs against the injected pod's own rules; without the sentinels the same rules fail it.
+func TestIntegrationValidatorPassesWhateverTheSkipLists(t *testing.T) {
+	cfg, err := webhook.ParseConfig([]byte("proxy: {image: proxy:test}\nsidecarMode: container\nvalidator: {timeout: 1s}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Annotations: map[string]string{
+			annotations.Inject:            "enabled",
+			annotations.SkipOutboundPorts: "80",
+			annotations.SkipOutboundCIDRs: "0.0.0.0/0,::/0",
+		}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+	}
+	if _, err := webhook.Mutate(pod, webhook.Input{}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	r, err := annotations.ParseRedirect(pod.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	command := pod.Spec.InitContainers[0].Command // detour validate --port=4140 --timeout=1s
+	for _, tc := range []struct {
+		name      string
+		sentinels bool
+		want      int
+	}{
+		{"with the sentinels", true, validator.ExitOK},
+		{"without them (a pod injected before they existed)", false, validator.ExitNoRedirect},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := podNamespace(t, true)
+			r := r
+			if !tc.sentinels {
+				r.Sentinels = nil
+			}
+			var rulesets []iptables.Ruleset
+			for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+				rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				rulesets = append(rulesets, rs)
+			}
+			if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
+				t.Fatal(err)
+			}
+			res := validate(t, ns, validatorID, command[2:]...)
+			if res.ExitCode != tc.want {
+				t.Fatalf("%v: exit code %d, want %d; stdout %q, stderr %q", command, res.ExitCode, tc.want, res.Stdout, res.Stderr)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"slices"
 	"strconv"
@@ -106,7 +107,11 @@ type Validator struct {
 	// Sentinel and Sentinel6 are the addresses (IPv4 and IPv6 literal with a port) the validator
 	// dials; empty leaves the validator's default.
 	Sentinel, Sentinel6 string
-	Resources           corev1.ResourceRequirements
+	// Probes are the destinations the validator dials, defaults included: the webhook writes them
+	// into detour.dev/validator-sentinels so that the plugin redirects them whatever the pod's
+	// skip lists say.
+	Probes    []netip.AddrPort
+	Resources corev1.ResourceRequirements
 }
 
 // GIDRange is an inclusive range of GIDs.
@@ -359,12 +364,19 @@ func (f *File) complete() (*Config, error) {
 		{"validator.sentinel", v.Sentinel, false, &c.Validator.Sentinel},
 		{"validator.sentinel6", v.Sentinel6, true, &c.Validator.Sentinel6},
 	} {
-		if s.value == "" {
+		value := s.value
+		if value == "" {
+			value = validator.DefaultSentinel
+			if s.six {
+				value = validator.DefaultSentinel6
+			}
+		}
+		ap, rule := validator.ParseSentinel(value, s.six)
+		if rule != "" {
+			check(invalid(s.field, strconv.Quote(s.value), "it %s", rule))
 			continue
 		}
-		if _, rule := validator.ParseSentinel(s.value, s.six); rule != "" {
-			check(invalid(s.field, strconv.Quote(s.value), "it %s", rule))
-		}
+		c.Validator.Probes = append(c.Validator.Probes, ap)
 		*s.to = s.value
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())

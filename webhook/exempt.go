@@ -102,16 +102,20 @@ func behindProxy(pod *corev1.Pod, cfg *Config) exemptions {
 
 // decide makes, in container mode, each init container selected by detour.dev/init-egress
 // exemptible as SPEC.md's exemption rules say:
-//   - an explicit non-root UID (its own or the pod's) that no container which must stay
-//     redirected uses, and that is not the validator's, is exempt by UID;
-//   - an explicit UID that is root, the validator's, or used (or possibly used, because the
-//     other container runs as its image's user) by a container that must stay redirected gets a
-//     dedicated GID from the reserved range as runAsGroup, and that GID is exempt;
-//   - no explicit UID: nothing can be exempted (a runAsGroup without a runAsUser is refused by
-//     the container runtime, and the image's user is unknown), so the exemption is refused.
+//   - a non-root UID set on the container itself, that no container which must stay
+//     redirected uses, that is not the pod's default runAsUser and not the validator's, is
+//     exempt by UID;
+//   - every other init container gets a dedicated GID from the reserved range as runAsGroup, and
+//     that GID is exempt: root; the validator's UID; a UID that a container which must stay
+//     redirected uses (or possibly uses, because it runs as its image's user); a UID that comes
+//     only from the pod's runAsUser or equals it (containers added later, such as kubectl debug
+//     ephemeral containers, inherit the pod's default, so it is never exempt by UID); and the
+//     image's default user (the kubelet resolves the image's user and hands it to the runtime
+//     with runAsGroup, so a runAsGroup alone keeps that user and changes its primary group).
 //
 // It never exempts 0 or the validator, and a dedicated GID never equals a GID that any other
-// container of the pod runs with (runAsGroup, fsGroup, supplementalGroups).
+// container of the pod runs with (runAsGroup, fsGroup, supplementalGroups) nor an explicit UID
+// of any container of the pod (images commonly map uid N to group N).
 func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	var e exemptions
 	inits := pod.Spec.InitContainers
@@ -161,10 +165,9 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 				"detour: init container %q is not selected by %s=%q (from %s); its outbound TCP connections go to the proxy, which starts after it, so they fail",
 				c.Name, annotations.InitEgress, s.initEgress.String(), s.initEgressFrom)
 		case uid == nil:
-			d.Via, d.Why = Refused, "runs as the image's default user"
-			d.note = e.refuse(c.Name, d.Why,
-				"set securityContext.runAsUser on the init container or the pod (a non-root UID that no app container uses), "+
-					"or annotate the pod "+annotations.SidecarMode+": native (Kubernetes 1.29 or later)")
+			needGID = append(needGID, i)
+			why[i] = "runs as its image's default user"
+			continue
 		case *uid < 0 || *uid >= math.MaxUint32:
 			d.Via, d.Why = Refused, fmt.Sprintf("runs as UID %d, which is not a valid UID", *uid)
 			d.note = e.refuse(c.Name, d.Why, "set securityContext.runAsUser to a UID from 1 to 4294967294")
@@ -173,7 +176,7 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 			d.note = fmt.Sprintf(
 				"detour: init container %q runs as the proxy's UID %d, whose traffic is never redirected; it keeps egress", c.Name, *uid)
 		default:
-			reason := uidConflict(*uid, cfg, others)
+			reason := uidConflict(*uid, inherited(c), podDefaultUID(pod), cfg, others)
 			if exempt := e.ids(ViaUID); reason == "" && len(exempt) >= annotations.MaxListItems && !slices.Contains(exempt, uint32(*uid)) {
 				reason = fmt.Sprintf("runs as UID %d, and %d other UIDs are exempt already", *uid, annotations.MaxListItems)
 			}
@@ -230,10 +233,31 @@ func (e *exemptions) refuse(name, why, fix string) string {
 	return w
 }
 
-// uidConflict says why uid cannot be exempt, or "" when it can.
-func uidConflict(uid int64, cfg *Config, others []other) string {
+// inherited reports whether an init container's UID comes only from the pod's default.
+func inherited(c *corev1.Container) bool {
+	return c.SecurityContext == nil || c.SecurityContext.RunAsUser == nil
+}
+
+// podDefaultUID is the pod's securityContext.runAsUser, nil when unset: what containers added
+// later (kubectl debug ephemeral containers) run as.
+func podDefaultUID(pod *corev1.Pod) *int64 {
+	if pod.Spec.SecurityContext == nil {
+		return nil
+	}
+	return pod.Spec.SecurityContext.RunAsUser
+}
+
+// uidConflict says why uid cannot be exempt, or "" when it can. fromPod says the UID comes
+// only from the pod's default, podUID is that default.
+func uidConflict(uid int64, fromPod bool, podUID *int64, cfg *Config, others []other) string {
 	if uid == 0 {
 		return "runs as root"
+	}
+	if fromPod {
+		return fmt.Sprintf("inherits UID %d from the pod's securityContext.runAsUser, which containers added later (kubectl debug) inherit too", uid)
+	}
+	if podUID != nil && *podUID == uid {
+		return fmt.Sprintf("runs as UID %d, the pod's securityContext.runAsUser, which containers added later (kubectl debug) inherit", uid)
 	}
 	if uint32(uid) == cfg.Validator.UID {
 		return fmt.Sprintf("runs as UID %d, the validator's UID, which is never exempt", uid)
@@ -253,15 +277,18 @@ func uidConflict(uid int64, cfg *Config, others []other) string {
 
 // usedGIDs is every GID a container of the pod other than those in needGID may run with:
 // their runAsGroup (or the pod's), the pod's fsGroup and supplementalGroups, and the proxy's
-// and the validator's GIDs. A dedicated GID must be none of them.
+// and the validator's GIDs; and every explicit UID in the pod (the pod's runAsUser, each
+// container's, the proxy's and the validator's), since images commonly give user N the
+// primary group N. A dedicated GID must be none of them.
 func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
-	used := map[uint32]bool{cfg.Proxy.GID: true, cfg.Validator.GID: true}
+	used := map[uint32]bool{cfg.Proxy.GID: true, cfg.Validator.GID: true, cfg.Proxy.UID: true, cfg.Validator.UID: true}
 	add := func(g *int64) {
 		if g != nil && *g >= 0 && *g < math.MaxUint32 {
 			used[uint32(*g)] = true
 		}
 	}
 	if sc := pod.Spec.SecurityContext; sc != nil {
+		add(sc.RunAsUser)
 		add(sc.RunAsGroup)
 		add(sc.FSGroup)
 		for _, g := range sc.SupplementalGroups {
@@ -270,8 +297,10 @@ func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
 	}
 	for i := range pod.Spec.Containers {
 		add(effectiveGID(pod, &pod.Spec.Containers[i]))
+		add(effectiveUID(pod, &pod.Spec.Containers[i]))
 	}
 	for i := range pod.Spec.InitContainers {
+		add(effectiveUID(pod, &pod.Spec.InitContainers[i]))
 		if !slices.Contains(needGID, i) {
 			add(effectiveGID(pod, &pod.Spec.InitContainers[i]))
 		}

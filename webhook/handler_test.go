@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,12 +125,32 @@ func TestHandler(t *testing.T) {
 
 	t.Run("denies with the fix under deny", func(t *testing.T) {
 		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
-		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(inits(container("fetch", unset, unset))))))
-		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set securityContext.runAsUser") {
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(apps(container("app", DefaultProxyUID, unset))))))
+		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set its securityContext.runAsUser") {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
 		}
 		if len(resp.Warnings) == 0 {
 			t.Error("a denial carries no warnings")
+		}
+	})
+
+	t.Run("an injected pod in a namespace that is not opted in loses detour's containers", func(t *testing.T) {
+		injected := newPod(inits(container("migrate", 0, unset)))
+		if _, err := Mutate(injected, Input{NamespaceAnnotations: optedIn}, cfg); err != nil {
+			t.Fatal(err)
+		}
+		h := NewHandler(cfg, staticNamespaces(map[string]string{}), false, nil)
+		raw := podJSON(t, injected)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
+		if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "removed its containers") {
+			t.Fatalf("response = %v %+v, warnings %q", resp.Allowed, resp.Result, resp.Warnings)
+		}
+		pod := applyResponse(t, raw, resp)
+		if names := append(containerNames(pod.Spec.InitContainers), containerNames(pod.Spec.Containers)...); !slices.Equal(names, []string{"migrate", "app"}) {
+			t.Errorf("containers after the skip = %v", names)
+		}
+		if annotations.IsInjected(pod.Annotations) {
+			t.Errorf("the skipped pod keeps the injected marker")
 		}
 	})
 

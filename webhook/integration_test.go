@@ -326,14 +326,14 @@ func TestIntegrationWebhook(t *testing.T) {
 		if g := stored.Spec.InitContainers[1].SecurityContext.RunAsGroup; g == nil || *g != 2600 {
 			t.Errorf("migrate runAsGroup = %v, want 2600", g)
 		}
-		if sc := stored.Spec.InitContainers[3].SecurityContext; sc != nil && sc.RunAsGroup != nil {
-			t.Errorf("setup (image's user) got runAsGroup %d", *sc.RunAsGroup)
+		if sc := stored.Spec.InitContainers[3].SecurityContext; sc == nil || sc.RunAsGroup == nil || *sc.RunAsGroup != 2601 || sc.RunAsUser != nil {
+			t.Errorf("setup (image's user) security context = %+v, want runAsGroup 2601 and no runAsUser", sc)
 		}
 		w := e.warnings.take()
 		for _, want := range []string{
 			`detour: init container "migrate" runs as root; it keeps egress through GID 2600`,
 			`detour: init container "fetch" runs as UID 1001; it keeps egress as UID 1001`,
-			`detour: init container "setup" runs as the image's default user`,
+			`detour: init container "setup" runs as its image's default user; it keeps egress through GID 2601`,
 		} {
 			if !hasWarning(w, want) {
 				t.Errorf("the client got no warning %q; got %q", want, w)
@@ -343,7 +343,7 @@ func TestIntegrationWebhook(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the plugin cannot read the stored pod: %v", err)
 		}
-		if !slices.Equal(r.ExemptUIDs, []uint32{1001}) || !slices.Equal(r.ExemptGIDs, []uint32{2600}) ||
+		if !slices.Equal(r.ExemptUIDs, []uint32{1001}) || !slices.Equal(r.ExemptGIDs, []uint32{2600, 2601}) ||
 			annotations.FormatPorts(r.SkipOutboundPorts) != "25" || annotations.FormatPorts(r.SkipInboundPorts) != "4191" {
 			t.Errorf("redirect = %+v", r)
 		}
@@ -474,9 +474,9 @@ func TestIntegrationWebhook(t *testing.T) {
 			{`detour_webhook_admissions_total{outcome="injected"}`, 6},
 			{`detour_webhook_admissions_total{outcome="denied"}`, 1},
 			{`detour_webhook_admissions_total{outcome="skipped"}`, 2},
-			{`detour_webhook_exemptions_granted_total{via="gid"}`, 2},
+			{`detour_webhook_exemptions_granted_total{via="gid"}`, 3},
 			{`detour_webhook_exemptions_granted_total{via="uid"}`, 2},
-			{`detour_webhook_exemptions_refused_total`, 1},
+			{`detour_webhook_exemptions_refused_total`, 0}, // the image's user now gets a GID
 			{`detour_webhook_admission_duration_seconds_count{outcome="injected"}`, 6},
 		} {
 			m := regexp.MustCompile("(?m)^" + regexp.QuoteMeta(want.metric) + ` (\S+)$`).FindSubmatch(body)

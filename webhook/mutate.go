@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -119,29 +120,46 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	namespace := cmp.Or(in.Namespace, pod.Namespace)
 	u := userSettings{pod: pod.Annotations, ns: in.NamespaceAnnotations, namespace: namespace}
 
-	mode, err := u.injectMode()
-	if err != nil {
-		return Result{}, err
+	// The reasons that do not depend on detour.dev/inject come first, so that a malformed
+	// value on a pod detour never injects (an excluded namespace, a hostNetwork pod) skips it
+	// rather than denying it.
+	reason := fixedSkipReason(pod, namespace, cfg)
+	if reason == "" {
+		mode, err := u.injectMode()
+		if err != nil {
+			return Result{}, err
+		}
+		reason = optInSkipReason(mode)
 	}
-	if reason := skipReason(pod, mode, namespace, cfg); reason != "" {
-		// A pod the webhook leaves alone must not carry the webhook's annotations either: the
-		// plugin would act on a forged injected marker or exemption.
-		stripAnnotations(pod)
-		return Result{Outcome: Skipped, Reason: reason}, nil
+	if reason != "" {
+		return skip(pod, reason), nil
 	}
 	s, err := u.parse(cfg)
 	if err != nil {
 		return Result{}, err
 	}
 
-	strip(pod)
+	wasInjected := annotations.IsInjected(pod.Annotations)
+	removed := strip(pod)
 	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer}
+	if !wasInjected {
+		for _, name := range removed {
+			res.Warnings = append(res.Warnings, fmt.Sprintf(
+				"detour: the pod's container %q has a name detour reserves for its own containers, so it was replaced by detour's; rename it to keep it", name))
+		}
+	}
 	switch {
 	case s.mode == SidecarNative && !in.NativeSidecars:
 		res.Warnings = append(res.Warnings, fmt.Sprintf(
 			"detour: sidecar mode native (from %s) needs native sidecars (Kubernetes 1.29 or later), which this cluster does not run; the proxy runs as a regular container instead", s.modeFrom))
 	case s.mode == SidecarNative, s.mode == SidecarAuto && in.NativeSidecars:
 		res.Mode = annotations.SidecarNative
+	}
+
+	if res.Mode == annotations.SidecarContainer {
+		if w := runToCompletionWarning(pod, in.NativeSidecars); w != "" {
+			res.Warnings = append(res.Warnings, w)
+		}
 	}
 
 	var ex exemptions
@@ -178,6 +196,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		SkipOutboundCIDRs: dedupe(s.skipCIDRs),
 		ExemptUIDs:        ex.ids(ViaUID),
 		ExemptGIDs:        ex.ids(ViaGID),
+		Sentinels:         slices.Clone(cfg.Validator.Probes),
 	}
 	if n := len(r.SkipInboundPorts); n > annotations.MaxListItems {
 		return res, deny("%s (%s) and the proxy's admin ports make %d port ranges, more than %d; merge ports into ranges",
@@ -209,13 +228,28 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	return res, nil
 }
 
-// skipReason says why the pod is not injected (one of the Skip* constants), or "" when it is.
-func skipReason(pod *corev1.Pod, mode annotations.InjectMode, namespace string, cfg *Config) string {
+// runToCompletionWarning warns about a pod that runs to completion (restartPolicy Never or
+// OnFailure: a Job's or a CronJob's) when the proxy is a regular container: the proxy never
+// exits, so the pod never completes. A native sidecar does not hold a pod back, which is why
+// sidecar mode auto picks it wherever the cluster has it.
+func runToCompletionWarning(pod *corev1.Pod, native bool) string {
+	policy := pod.Spec.RestartPolicy
+	if policy != corev1.RestartPolicyNever && policy != corev1.RestartPolicyOnFailure {
+		return ""
+	}
+	fix := "annotate the pod " + annotations.SidecarMode + ": native, so that the proxy runs as a native sidecar, which the kubelet stops once the other containers finish"
+	if !native {
+		fix = "run it on Kubernetes 1.29 or later with " + annotations.SidecarMode + ": native (or sidecarMode auto), or make the proxy exit when the job's containers are done"
+	}
+	return fmt.Sprintf(
+		"detour: the pod's restartPolicy is %s (a Job or CronJob runs such pods), and the proxy runs as a regular container that does not exit, so the pod never completes; %s",
+		policy, fix)
+}
+
+// fixedSkipReason says why the pod is never injected whatever its detour.dev/inject says (one
+// of the Skip* constants), or "".
+func fixedSkipReason(pod *corev1.Pod, namespace string, cfg *Config) string {
 	switch {
-	case mode == "":
-		return SkipNotEnabled
-	case mode == annotations.InjectDisabled:
-		return SkipDisabled
 	case slices.Contains(cfg.ExcludeNamespaces, namespace):
 		return SkipExcludedNamespace
 	case pod.Labels[PartOfLabel] == PartOfValue:
@@ -228,15 +262,56 @@ func skipReason(pod *corev1.Pod, mode annotations.InjectMode, namespace string, 
 	return ""
 }
 
-// strip removes a previous injection: the injected containers and every webhook-written
-// annotation (including values a pod author forged).
-func strip(pod *corev1.Pod) {
+// optInSkipReason says why a pod that could be injected is not, from its resolved
+// detour.dev/inject, or "" when it is opted in.
+func optInSkipReason(mode annotations.InjectMode) string {
+	switch mode {
+	case "":
+		return SkipNotEnabled
+	case annotations.InjectDisabled:
+		return SkipDisabled
+	}
+	return ""
+}
+
+// skip leaves the pod uninjected. It must not carry the webhook's annotations (the plugin would
+// act on a forged injected marker or exemption), nor detour's containers: a pod injected
+// offline (detour inject) but created where detour does not inject it would keep a validator
+// that fails for ever, since no rules are installed for it, and a proxy nothing sends to.
+func skip(pod *corev1.Pod, reason string) Result {
+	res := Result{Outcome: Skipped, Reason: reason}
+	removed := strip(pod)
+	if len(removed) > 0 {
+		quoted := make([]string, len(removed))
+		for i, n := range removed {
+			quoted[i] = strconv.Quote(n)
+		}
+		next := fmt.Sprintf("opt the namespace or the pod in with %s: enabled to inject it", annotations.Inject)
+		if reason != SkipNotEnabled && reason != SkipDisabled {
+			next = "detour never injects such a pod"
+		}
+		res.Warnings = append(res.Warnings, fmt.Sprintf(
+			"detour: the pod is not injected (%s), so detour removed its containers %s: without detour's rules the validator would fail for ever; %s",
+			reason, strings.Join(quoted, ", "), next))
+	}
+	return res
+}
+
+// strip removes a previous injection: the containers with detour's reserved names (returned,
+// in pod order) and every webhook-written annotation (including values a pod author forged).
+func strip(pod *corev1.Pod) []string {
+	var removed []string
 	ours := func(c corev1.Container) bool {
-		return c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer
+		if c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer {
+			removed = append(removed, c.Name)
+			return true
+		}
+		return false
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
 	stripAnnotations(pod)
+	return removed
 }
 
 // stripAnnotations removes every webhook-written annotation.

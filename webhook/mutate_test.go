@@ -121,13 +121,15 @@ func TestMutate(t *testing.T) {
 				warnings: []string{`init container "fetch" runs as UID 1001; it keeps egress as UID 1001`}},
 		},
 		{
-			name: "image-default UID in container mode: warning, no runAsGroup",
+			name: "image-default user in container mode: a dedicated GID, the image's user kept",
 			cfg:  "sidecarMode: container",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids(""),
-				vias:       map[string]Via{"fetch": Refused},
-				runAsGroup: map[string]int64{"fetch": unset},
-				warnings:   []string{`init container "fetch" runs as the image's default user`, "set securityContext.runAsUser"}},
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids("2600"),
+				vias:       map[string]Via{"fetch": ViaGID},
+				runAsGroup: map[string]int64{"fetch": 2600},
+				warnings:   []string{`init container "fetch" runs as its image's default user; it keeps egress through GID 2600`},
+				noWarning:  []string{"set securityContext.runAsUser"},
+				annots:     map[string]string{annotations.InitEgressStatus: "container: fetch gid 2600 (runs as its image's default user)"}},
 		},
 		{
 			name:   "image-default UID in auto mode on a 1.29+ server: native sidecar",
@@ -140,17 +142,67 @@ func TestMutate(t *testing.T) {
 				noWarning:  []string{"runAsUser"}},
 		},
 		{
-			name: "image-default UID in auto mode on an older server: container mode and a warning",
+			name: "image-default user in auto mode on an older server: container mode and a dedicated GID",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{outcome: Injected, mode: annotations.SidecarContainer, vias: map[string]Via{"fetch": Refused},
-				runAsGroup: map[string]int64{"fetch": unset}, warnings: []string{"set securityContext.runAsUser"}},
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, vias: map[string]Via{"fetch": ViaGID},
+				runAsGroup: map[string]int64{"fetch": 2600}},
 		},
 		{
-			name: "image-default UID under deny: denied with the fix",
+			name: "image-default user under deny: admitted with a dedicated GID",
 			cfg:  "conflictPolicy: deny\nsidecarMode: container",
 			pod:  newPod(inits(container("fetch", unset, unset))),
-			want: want{denial: []string{`init container "fetch" needs network access before the proxy starts`,
-				"runs as the image's default user", "set securityContext.runAsUser", annotations.SidecarMode + ": native"}},
+			want: want{outcome: Injected, gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID}},
+		},
+		{
+			name: "a UID inherited from the pod's runAsUser is exempted through a GID, never by UID (kubectl debug inherits it)",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(1200))}),
+				inits(container("fetch", unset, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids(""), gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID}, runAsGroup: map[string]int64{"fetch": 2600},
+				warnings: []string{`init container "fetch" inherits UID 1200 from the pod's securityContext.runAsUser, which containers added later (kubectl debug) inherit too; it keeps egress through GID 2600`}},
+		},
+		{
+			name: "an init container's own UID equal to the pod's runAsUser is exempted through a GID",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(1200))}),
+				inits(container("fetch", 1200, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids(""), gids: ids("2600"), vias: map[string]Via{"fetch": ViaGID},
+				warnings: []string{`runs as UID 1200, the pod's securityContext.runAsUser`}},
+		},
+		{
+			name: "a dedicated GID never equals another container's UID (uid N commonly has group N)",
+			pod:  newPod(inits(container("migrate", 0, unset)), apps(container("app", 2600, unset))),
+			want: want{gids: ids("2601"), runAsGroup: map[string]int64{"migrate": 2601}},
+		},
+		{
+			name: "a dedicated GID avoids the pod's runAsUser and every init container's UID",
+			pod: newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(2600))}),
+				inits(container("a", 0, unset), container("b", 2601, unset), container("c", 0, unset)), apps(container("app", 1000, unset))),
+			want: want{uids: ids("2601"), gids: ids("2602,2603"), runAsGroup: map[string]int64{"a": 2602, "c": 2603}},
+		},
+		{
+			name:   "a Job's pod in container mode is warned that it never completes",
+			cfg:    "sidecarMode: container",
+			pod:    func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyNever; return p }(),
+			native: true,
+			want: want{mode: annotations.SidecarContainer, warnings: []string{
+				"the pod's restartPolicy is Never (a Job or CronJob runs such pods), and the proxy runs as a regular container that does not exit, so the pod never completes",
+				"annotate the pod detour.dev/sidecar-mode: native"}},
+		},
+		{
+			name: "a Job's pod in auto mode on an older cluster is warned, with the upgrade as the fix",
+			pod:  func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyOnFailure; return p }(),
+			want: want{mode: annotations.SidecarContainer, warnings: []string{"restartPolicy is OnFailure", "Kubernetes 1.29 or later"}},
+		},
+		{
+			name:   "a Job's pod in auto mode gets the native sidecar where the cluster has it",
+			pod:    func() *corev1.Pod { p := newPod(); p.Spec.RestartPolicy = corev1.RestartPolicyNever; return p }(),
+			native: true,
+			want:   want{mode: annotations.SidecarNative, noWarning: []string{"never completes"}},
+		},
+		{
+			name: "a long-running pod in container mode gets no completion warning",
+			cfg:  "sidecarMode: container",
+			pod:  newPod(),
+			want: want{mode: annotations.SidecarContainer, noWarning: []string{"never completes"}},
 		},
 		{
 			name: "root gets a dedicated GID",
@@ -291,6 +343,13 @@ func TestMutate(t *testing.T) {
 				annotations.RedirectSkipOutboundCIDRs: "10.0.0.0/8,fd00::/8"}},
 		},
 		{
+			name: "skip lists that cover the validator's probe: the probe is named for the plugin to redirect first",
+			pod:  newPod(annotate(annotations.SkipOutboundPorts, "80", annotations.SkipOutboundCIDRs, "0.0.0.0/0,::/0")),
+			want: want{annots: map[string]string{
+				annotations.RedirectSkipOutboundPorts: "80",
+				annotations.ValidatorSentinels:        "203.0.113.254:80,[2001:db8::fe]:80"}},
+		},
+		{
 			name: "a malformed pod annotation is denied, naming it",
 			pod:  newPod(annotate(annotations.SkipOutboundPorts, "25,smtp")),
 			want: want{denial: []string{annotations.SkipOutboundPorts, `"smtp" is not valid`, "fix the pod's annotation"}},
@@ -324,6 +383,57 @@ func TestMutate(t *testing.T) {
 			want: want{outcome: Injected}},
 		{name: "pod opts out of an opted-in namespace", pod: newPod(annotate(annotations.Inject, "disabled")),
 			want: want{outcome: Skipped, reason: SkipDisabled}},
+		{
+			name: "an injected pod created where detour does not inject loses detour's containers",
+			pod: newPod(annotate(annotations.Injected, "v0.1.0", annotations.ProxyUID, "2102"),
+				inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset), container("fetch", 1001, unset)),
+				apps(container("app", 1000, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			ns: map[string]string{},
+			want: want{outcome: Skipped, reason: SkipNotEnabled, warnings: []string{
+				`the pod is not injected (not-enabled), so detour removed its containers "detour-validator", "detour-proxy"`}},
+		},
+		{
+			name: "an opted-out pod loses detour's native proxy and validator",
+			pod: newPod(annotate(annotations.Inject, "disabled"),
+				inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			want: want{outcome: Skipped, reason: SkipDisabled, warnings: []string{"removed its containers"}},
+		},
+		{
+			name: "a hostNetwork pod loses detour's containers, and is told detour never injects it",
+			pod: func() *corev1.Pod {
+				p := newPod(annotate(annotations.Injected, "v0.1.0"), inits(container(annotations.ValidatorContainer, DefaultValidatorUID, unset)))
+				p.Spec.HostNetwork = true
+				return p
+			}(),
+			want: want{outcome: Skipped, reason: SkipHostNetwork, warnings: []string{`so detour removed its containers "detour-validator"`, "detour never injects such a pod"},
+				noWarning: []string{"opt the namespace"}},
+		},
+		{
+			name: "an excluded namespace with a malformed inject value is skipped, not denied",
+			cfg:  "excludeNamespaces: [shop]",
+			pod:  newPod(),
+			ns:   map[string]string{annotations.Inject: "yes"},
+			want: want{outcome: Skipped, reason: SkipExcludedNamespace},
+		},
+		{
+			name: "a hostNetwork pod with a malformed inject value is skipped, not denied",
+			pod: func() *corev1.Pod {
+				p := newPod(annotate(annotations.Inject, "true"))
+				p.Spec.HostNetwork = true
+				return p
+			}(),
+			want: want{outcome: Skipped, reason: SkipHostNetwork},
+		},
+		{
+			name: "a user container with a reserved name is replaced with a warning",
+			pod:  newPod(apps(container("app", 1000, unset), container(annotations.ProxyContainer, 1000, unset))),
+			want: want{outcome: Injected, warnings: []string{`the pod's container "detour-proxy" has a name detour reserves`}},
+		},
+		{
+			name: "re-injecting an injected pod gives no reserved-name warning",
+			pod:  newPod(annotate(annotations.Injected, "v0.1.0"), apps(container("app", 1000, unset), container(annotations.ProxyContainer, DefaultProxyUID, unset))),
+			want: want{outcome: Injected, noWarning: []string{"reserves"}},
+		},
 		{name: "host network", pod: func() *corev1.Pod { p := newPod(); p.Spec.HostNetwork = true; return p }(),
 			want: want{outcome: Skipped, reason: SkipHostNetwork}},
 		{name: "detour's own pods", pod: func() *corev1.Pod { p := newPod(); p.Labels = map[string]string{PartOfLabel: PartOfValue}; return p }(),
@@ -428,11 +538,16 @@ func checkResult(t *testing.T, before, pod *corev1.Pod, res Result, cfg *Config,
 		if w.reason != "" && res.Reason != w.reason {
 			t.Errorf("skip reason = %s, want %s", res.Reason, w.reason)
 		}
-		// A skipped pod loses the webhook's annotations, and nothing else.
+		// A skipped pod loses the webhook's annotations and detour's containers, and nothing else.
 		before = before.DeepCopy()
 		for _, k := range annotations.WebhookKeys {
 			delete(before.Annotations, k)
 		}
+		ours := func(c corev1.Container) bool {
+			return c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer
+		}
+		before.Spec.InitContainers = slices.DeleteFunc(before.Spec.InitContainers, ours)
+		before.Spec.Containers = slices.DeleteFunc(before.Spec.Containers, ours)
 		if !reflect.DeepEqual(before, pod) {
 			t.Errorf("a skipped pod was changed beyond losing the webhook's annotations")
 		}
@@ -526,6 +641,9 @@ func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 	if *v.SecurityContext.RunAsUser != int64(cfg.Validator.UID) || !*v.SecurityContext.RunAsNonRoot || *v.SecurityContext.AllowPrivilegeEscalation {
 		t.Errorf("validator security context %+v", v.SecurityContext)
 	}
+	if !slices.Equal(r.Sentinels, cfg.Validator.Probes) || len(r.Sentinels) != 2 {
+		t.Errorf("validator sentinels %v, want the validator's probes %v", r.Sentinels, cfg.Validator.Probes)
+	}
 	if slices.Contains(r.ExemptUIDs, cfg.Validator.UID) || slices.Contains(r.ExemptGIDs, cfg.Validator.GID) {
 		t.Errorf("the validator is exempt: %+v", r)
 	}
@@ -546,11 +664,23 @@ func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 	if proxies != 1 {
 		t.Errorf("the pod has %d proxies", proxies)
 	}
-	// Exempt identities are used only by selected, run-to-completion init containers.
-	for i := range pod.Spec.InitContainers {
-		c := &pod.Spec.InitContainers[i]
-		if c.SecurityContext != nil && c.SecurityContext.RunAsGroup != nil && effectiveUID(pod, c) == nil {
-			t.Errorf("init container %q has a runAsGroup without an effective runAsUser", c.Name)
+	// Exempt identities are used only by selected, run-to-completion init containers; what a
+	// container added later (kubectl debug) inherits from the pod is never exempt, and no
+	// dedicated GID is a UID anyone in the pod runs as.
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.RunAsUser != nil {
+		if slices.Contains(r.ExemptUIDs, uint32(*sc.RunAsUser)) {
+			t.Errorf("the pod's runAsUser %d is exempt by UID", *sc.RunAsUser)
+		}
+		if slices.Contains(r.ExemptGIDs, uint32(*sc.RunAsUser)) {
+			t.Errorf("the pod's runAsUser %d is an exempt GID", *sc.RunAsUser)
+		}
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil && sc.RunAsGroup != nil && slices.Contains(r.ExemptGIDs, uint32(*sc.RunAsGroup)) {
+		t.Errorf("the pod's runAsGroup %d is exempt", *sc.RunAsGroup)
+	}
+	for _, c := range append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...) {
+		if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil && slices.Contains(r.ExemptGIDs, uint32(*c.SecurityContext.RunAsUser)) {
+			t.Errorf("container %q runs as UID %d, an exempt GID", c.Name, *c.SecurityContext.RunAsUser)
 		}
 	}
 	mustStay := slices.Clone(pod.Spec.Containers)

@@ -15,6 +15,8 @@ import (
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/annotations"
 )
 
 // InjectOptions configure [InjectStream].
@@ -25,6 +27,10 @@ type InjectOptions struct {
 	NamespaceAnnotations map[string]string
 	// NativeSidecars says whether the target cluster runs native sidecars (Kubernetes ≥ 1.29).
 	NativeSidecars bool
+
+	// assumeOptIn is set when NamespaceAnnotations was nil: the namespace's opt-in is only
+	// assumed, so injected pods carry their own.
+	assumeOptIn bool
 }
 
 // Notice is a message about one object of the stream, for stderr.
@@ -58,6 +64,7 @@ func InjectStream(r io.Reader, w io.Writer, o InjectOptions) ([]Notice, error) {
 	}
 	if o.NamespaceAnnotations == nil {
 		o.NamespaceAnnotations = optedInNamespace
+		o.assumeOptIn = true
 	}
 	var out bytes.Buffer
 	var notices []Notice
@@ -110,7 +117,7 @@ func InjectStream(r io.Reader, w io.Writer, o InjectOptions) ([]Notice, error) {
 	return notices, err
 }
 
-var optedInNamespace = map[string]string{"detour.dev/inject": "enabled"}
+var optedInNamespace = map[string]string{annotations.Inject: string(annotations.InjectEnabled)}
 
 // decodeDocument decodes one YAML or JSON document into a generic object, numbers kept
 // exact; nil for an empty document.
@@ -192,6 +199,11 @@ func injectObject(obj map[string]any, namespace string, o InjectOptions) (bool, 
 			return false, nil, fmt.Errorf("%s: no pod template at .%s", objectName(obj), strings.Join(path, "."))
 		}
 	} else {
+		if path := unknownTemplate(obj); path != "" {
+			return false, []Notice{{objectName(obj), fmt.Sprintf(
+				"left unchanged: detour inject does not know the kind %s, although it has a pod template at .%s; "+
+					"the webhook injects the pods it creates in an opted-in namespace, or inject a Deployment, Job, ... holding the same template", kind, path)}}, nil
+		}
 		return false, nil, nil
 	}
 	name := objectName(obj)
@@ -243,6 +255,12 @@ func injectTemplate(template map[string]any, namespace string, o InjectOptions) 
 	res, err := Mutate(pod, Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars}, o.Config)
 	if err != nil || equality.Semantic.DeepEqual(orig, pod) {
 		return false, res, err
+	}
+	if _, own := pod.Annotations[annotations.Inject]; o.assumeOptIn && res.Outcome == Injected && !own {
+		// The pod was injected as if its namespace were opted in; it carries that opt-in
+		// itself, so that the webhook injects it again, the same way, wherever it is applied,
+		// instead of skipping it (and removing detour's containers) in a namespace that is not.
+		pod.Annotations[annotations.Inject] = string(annotations.InjectEnabled)
 	}
 	meta, _ := template["metadata"].(map[string]any)
 	if meta == nil {
@@ -343,36 +361,84 @@ func mergeContainers(raw []any, orig, after []corev1.Container) ([]any, error) {
 	return out, nil
 }
 
-// PodAnnotations returns the annotations of the pod, or of the pod template, in the first
-// object of a YAML or JSON stream, and the object's name for messages.
+// unknownTemplate returns the path of what looks like a pod template (an object with
+// spec.containers) at .spec.template or .template of an object of a kind detour does not know
+// (an Argo Rollout, an OpenKruise CloneSet...), or "".
+func unknownTemplate(obj map[string]any) string {
+	for _, path := range [][]string{{"spec", "template"}, {"template"}} {
+		if t := dig(obj, path); t != nil {
+			if spec, ok := t["spec"].(map[string]any); ok {
+				if _, ok := spec["containers"]; ok {
+					return strings.Join(path, ".")
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// PodAnnotations returns the annotations of the first pod or pod template in a YAML or JSON
+// stream (several documents, Lists), as detour inject finds them, and the name of the object
+// holding it, for messages.
 func PodAnnotations(r io.Reader) (string, map[string]string, error) {
 	reader := yamlutil.NewYAMLReader(bufio.NewReader(r))
-	var obj map[string]any
-	for obj == nil {
+	var skipped []string
+	for n := 1; ; n++ {
 		doc, err := reader.Read()
 		if err == io.EOF {
-			return "", nil, errors.New("no object found")
+			break
 		}
 		if err != nil {
-			return "", nil, err
+			return "", nil, fmt.Errorf("read document %d: %w", n, err)
 		}
-		if obj, err = decodeDocument(doc); err != nil {
-			return "", nil, err
+		obj, err := decodeDocument(doc)
+		if err != nil {
+			return "", nil, fmt.Errorf("document %d: %w", n, err)
 		}
+		if obj == nil {
+			continue
+		}
+		name, a, found, err := podAnnotationsOf(obj, &skipped)
+		if found || err != nil {
+			return name, a, err
+		}
+	}
+	if len(skipped) == 0 {
+		return "", nil, errors.New("no object found")
+	}
+	return "", nil, fmt.Errorf("no pod found in %s; give a Pod or a workload (Deployment, Job, ...)", strings.Join(skipped, ", "))
+}
+
+// podAnnotationsOf looks for a pod or a pod template in obj (the items of a List, in order);
+// found is false when it holds none, and the object's name is added to skipped.
+func podAnnotationsOf(obj map[string]any, skipped *[]string) (string, map[string]string, bool, error) {
+	kind := str(obj, "kind")
+	if items, ok := obj["items"].([]any); ok && strings.HasSuffix(kind, "List") {
+		for _, it := range items {
+			if item, ok := it.(map[string]any); ok {
+				if name, a, found, err := podAnnotationsOf(item, skipped); found || err != nil {
+					return name, a, found, err
+				}
+			}
+		}
+		return "", nil, false, nil
 	}
 	name := objectName(obj)
-	template := obj
-	if path, ok := podTemplatePaths[str(obj, "kind")]; ok {
-		template = dig(obj, path)
-	} else if str(obj, "kind") != "Pod" {
-		return name, nil, fmt.Errorf("%s holds no pod; give a Pod or a workload (Deployment, Job, ...)", name)
-	}
-	if template == nil {
-		return name, nil, fmt.Errorf("%s has no pod template", name)
+	var template map[string]any
+	switch path, ok := podTemplatePaths[kind]; {
+	case kind == "Pod":
+		template = obj
+	case ok:
+		if template = dig(obj, path); template == nil {
+			return name, nil, true, fmt.Errorf("%s has no pod template at .%s", name, strings.Join(path, "."))
+		}
+	default:
+		*skipped = append(*skipped, name)
+		return "", nil, false, nil
 	}
 	pod, err := podOf(template)
 	if err != nil {
-		return name, nil, fmt.Errorf("%s: %w", name, err)
+		return name, nil, true, fmt.Errorf("%s: %w", name, err)
 	}
-	return name, pod.Annotations, nil
+	return name, pod.Annotations, true, nil
 }

@@ -102,11 +102,14 @@ func newInjectCommand() *cobra.Command {
 		Short: "Inject the proxy and validator into workload YAML offline, exactly as the webhook would",
 		Long: `inject applies the detour webhook's own mutation to every pod and pod template in a YAML or JSON
 stream: Pods, Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs, CronJobs, Lists, and any number
-of documents. Other documents pass through unchanged. The webhook's warnings go to stderr; a pod the
-webhook would deny fails the command and nothing is written.
+of documents. Other documents pass through unchanged (stderr says so for a kind it does not know
+that holds a pod template, such as an Argo Rollout). The webhook's warnings go to stderr; a pod
+the webhook would deny fails the command and nothing is written.
 
 Each pod is treated as if its namespace were opted in (detour.dev/inject: enabled), unless
---namespace-annotation says otherwise; a pod annotated detour.dev/inject: disabled is left alone.`,
+--namespace-annotation says otherwise; a pod annotated detour.dev/inject: disabled is left alone.
+Without --namespace-annotation an injected pod gets detour.dev/inject: enabled itself, so that the
+webhook injects it the same way in any namespace.`,
 		Example: `  # Inject a Deployment and apply it:
   detour inject -f deploy.yaml --proxy-image=ghcr.io/example/proxy:v1 | kubectl apply -f -
 

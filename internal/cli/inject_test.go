@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/internal/version"
@@ -80,6 +82,12 @@ func TestInjectGolden(t *testing.T) {
 			if err != nil || again != out {
 				t.Errorf("injecting the output again changed it (%v):\n%s", err, again)
 			}
+			// The output carries its own opt-in: admitted in a namespace that is not opted in (here opted out),
+			// it is injected the same way instead of being skipped and losing detour's containers.
+			elsewhere, errOut, err := run(t, out, append(append([]string{"inject", "-f", "-"}, args[3:]...), "--namespace-annotation=detour.dev/inject=disabled")...)
+			if err != nil || elsewhere != out || strings.Contains(errOut, "removed its containers") {
+				t.Errorf("the output admitted in a namespace that is not opted in changed (%v):\n%s\n%s", err, elsewhere, errOut)
+			}
 		})
 	}
 }
@@ -87,7 +95,7 @@ func TestInjectGolden(t *testing.T) {
 func TestInjectStdinAndErrors(t *testing.T) {
 	pod := "apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec:\n  initContainers: [{name: i, image: busybox}]\n  containers: [{name: a, image: nginx}]\n"
 	out, errOut, err := run(t, pod, append([]string{"inject", "-f", "-", "--sidecar-mode=container"}, goldenInjectArgs...)...)
-	if err != nil || !strings.Contains(out, "name: "+annotations.ProxyContainer) || !strings.Contains(errOut, `Warning: Pod p: detour: init container "i" runs as the image's default user`) {
+	if err != nil || !strings.Contains(out, "name: "+annotations.ProxyContainer) || !strings.Contains(errOut, `Warning: Pod p: detour: init container "i" runs as its image's default user; it keeps egress through GID 2600`) {
 		t.Errorf("stdin injection: %v\nstdout:\n%s\nstderr:\n%s", err, out, errOut)
 	}
 	for _, tc := range []struct {
@@ -98,7 +106,6 @@ func TestInjectStdinAndErrors(t *testing.T) {
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=sidecar"}, `sidecarMode: "sidecar" is not valid`},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--gid-range=10"}, "--gid-range"},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--proxy-uid=0"}, "proxy.uid: 0 is not valid"},
-		{[]string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=container", "--conflict-policy=deny"}, `Pod p: detour: init container "i" needs network access`},
 		{[]string{"inject", "-f", "-", "--proxy-image=p", "--namespace-annotation=x"}, "key=value"},
 		{[]string{"inject", "-f", "/nonexistent.yaml", "--proxy-image=p"}, "no such file"},
 	} {
@@ -109,6 +116,60 @@ func TestInjectStdinAndErrors(t *testing.T) {
 		if out != "" {
 			t.Errorf("detour %v wrote output on failure:\n%s", tc.args, out)
 		}
+	}
+	// Denied: the app runs as UID 2600, the only GID of the range, so the init container
+	// cannot get a dedicated GID.
+	denied := strings.Replace(pod, "{name: a, image: nginx}", "{name: a, image: nginx, securityContext: {runAsUser: 2600}}", 1)
+	args := []string{"inject", "-f", "-", "--proxy-image=p", "--sidecar-mode=container", "--conflict-policy=deny", "--gid-range=2600-2600"}
+	if out, _, err := run(t, denied, args...); err == nil || !strings.Contains(err.Error(), `Pod p: detour: init container "i" needs network access`) || out != "" {
+		t.Errorf("detour %v: error %v, output %q; want a denial and no output", args, err, out)
+	}
+}
+
+// detour rules takes the first pod or pod template of a stream, as detour inject finds them:
+// after other documents, and inside a List.
+func TestRulesFindsThePod(t *testing.T) {
+	goldenVersion(t)
+	injected, _, err := run(t, "", append([]string{"inject", "-f", filepath.Join(workloads, "deployment-mixed.yaml")}, goldenInjectArgs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := run(t, injected, "rules", "-f", "-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	service := "apiVersion: v1\nkind: Service\nmetadata: {name: web}\nspec: {ports: [{port: 80}]}\n"
+	multi := service + "---\n" + injected
+	got, _, err := run(t, multi, "rules", "-f", "-")
+	if err != nil || got != want {
+		t.Errorf("rules of a Service then the Deployment: %v\n%s\nwant the Deployment's:\n%s", err, got, want)
+	}
+	list, err := yaml.YAMLToJSON([]byte(injected))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, _ := yaml.YAMLToJSON([]byte(service))
+	got, _, err = run(t, `{"apiVersion":"v1","kind":"List","items":[`+string(svc)+`,`+string(list)+`]}`, "rules", "-f", "-")
+	if err != nil || got != want {
+		t.Errorf("rules of a List: %v\n%s\nwant the Deployment's:\n%s", err, got, want)
+	}
+}
+
+// detour inject says so when it passes through a kind it does not know that holds a pod
+// template (an Argo Rollout): that template is not injected.
+func TestInjectUnknownKindWithTemplate(t *testing.T) {
+	rollout := "apiVersion: argoproj.io/v1alpha1\nkind: Rollout\nmetadata: {name: web, namespace: shop}\n" +
+		"spec:\n  template:\n    spec:\n      containers: [{name: app, image: nginx}]\n"
+	out, errOut, err := run(t, rollout, append([]string{"inject", "-f", "-"}, goldenInjectArgs...)...)
+	if err != nil || out != rollout {
+		t.Fatalf("inject of a Rollout: %v, output %q; want it unchanged", err, out)
+	}
+	if !strings.Contains(errOut, "Warning: Rollout shop/web: left unchanged: detour inject does not know the kind Rollout, although it has a pod template at .spec.template") {
+		t.Errorf("stderr = %q, want a warning that the Rollout's template was not injected", errOut)
+	}
+	cm := "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\ndata: {template: x}\n"
+	if _, errOut, err := run(t, cm, append([]string{"inject", "-f", "-"}, goldenInjectArgs...)...); err != nil || errOut != "" {
+		t.Errorf("inject of a ConfigMap: %v, stderr %q; want silence", err, errOut)
 	}
 }
 
@@ -155,7 +216,7 @@ func TestRules(t *testing.T) {
 	for _, tc := range []struct{ stdin, want string }{
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n", "Pod p is not injected"},
 		{"apiVersion: v1\nkind: Pod\nmetadata: {name: p, annotations: {detour.dev/injected: v1, detour.dev/proxy-uid: \"0\"}}\n", "detour.dev/proxy-uid"},
-		{"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "holds no pod"},
+		{"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n", "no pod found in ConfigMap c"},
 		{"", "no object found"},
 	} {
 		if _, _, err := run(t, tc.stdin, "rules", "-f", "-"); err == nil || !strings.Contains(err.Error(), tc.want) {

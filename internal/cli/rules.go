@@ -17,7 +17,8 @@ func newRulesCommand() *cobra.Command {
 		Use:   "rules -f POD.yaml",
 		Short: "Print the iptables-restore input the CNI plugin would install for an injected pod",
 		Long: `rules reads an injected pod (or a workload whose pod template was injected, e.g. the output of
-detour inject) and prints the nat-table rules the detour CNI plugin installs in its network
+detour inject): the first pod or pod template of the stream, passing over other documents and
+searching the items of a List. It prints the nat-table rules the detour CNI plugin installs in its network
 namespace, as iptables-restore input: IPv4 first, then IPv6, each after a comment line. With
 --family the output is exactly one family's input, ready for iptables-restore --test.`,
 		Example: `  # The rules of a running pod:

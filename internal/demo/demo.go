@@ -290,6 +290,9 @@ func (d *demo) showInjected(pod *corev1.Pod) {
 func identityOf(pod *corev1.Pod, c corev1.Container) string {
 	id, explicit := containerIdentity(pod, c)
 	if !explicit {
+		if id.GID != 0 {
+			return fmt.Sprintf("image's default user, gid %d", id.GID)
+		}
 		return "image's default user"
 	}
 	s := fmt.Sprintf("uid %d gid %d", id.UID, id.GID)

@@ -544,7 +544,8 @@ func containerNamed(cs []corev1.Container, name string) *corev1.Container {
 }
 
 // containerIdentity is the UID and GID a container runs as, from its security context or the
-// pod's; explicit is false when the UID is left to the image.
+// pod's; explicit is false when the UID is left to the image (the GID may still be set: a
+// dedicated GID keeps the image's user).
 func containerIdentity(pod *corev1.Pod, c corev1.Container) (id netlab.Identity, explicit bool) {
 	var uid, gid *int64
 	if psc := pod.Spec.SecurityContext; psc != nil {
@@ -558,13 +559,13 @@ func containerIdentity(pod *corev1.Pod, c corev1.Container) (id netlab.Identity,
 			gid = sc.RunAsGroup
 		}
 	}
-	if uid == nil {
-		return netlab.Identity{}, false
-	}
-	id.UID = uint32(*uid)
 	if gid != nil {
 		id.GID = uint32(*gid)
 	}
+	if uid == nil {
+		return id, false
+	}
+	id.UID = uint32(*uid)
 	return id, true
 }
 

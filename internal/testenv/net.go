@@ -7,10 +7,15 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
+
+	"github.com/vishvananda/netns"
 
 	"github.com/detourmesh/detour/internal/netlab"
 	"github.com/detourmesh/detour/internal/origdst"
@@ -127,4 +132,62 @@ func dialHelper(addr string) error {
 		fmt.Println(line)
 	}
 	return err
+}
+
+// DialAs is [Dial] without a child process: it connects to addr from inside ns as id, with
+// groups as its supplementary groups, on a goroutine locked to an OS thread of its own. That
+// thread enters ns and takes on id through raw setgroups/setresgid/setresuid system calls,
+// which (unlike the syscall package's, which change every thread of the process) change the
+// calling thread only; it is never unlocked, so the Go runtime ends it with the goroutine
+// instead of reusing a thread in another namespace and identity. It is fast enough to check
+// thousands of identities in one test.
+func DialAs(ns *NetNS, id Identity, groups []uint32, addr netip.AddrPort, timeout time.Duration) (string, error) {
+	type result struct {
+		line string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: see above
+		line, err := func() (string, error) {
+			target, err := netns.GetFromPath(ns.Path)
+			if err != nil {
+				return "", fmt.Errorf("open network namespace %s: %w", ns.Path, err)
+			}
+			defer target.Close()
+			if err := netns.Set(target); err != nil {
+				return "", fmt.Errorf("enter network namespace %s: %w", ns.Path, err)
+			}
+			if err := becomeOnThread(id, groups); err != nil {
+				return "", err
+			}
+			return netlab.DialLine(addr.String(), timeout)
+		}()
+		done <- result{line, err}
+	}()
+	r := <-done
+	if r.err != nil {
+		return "", fmt.Errorf("dial %s as %s in %s: %w", addr, id, ns.Name, r.err)
+	}
+	return r.line, nil
+}
+
+// becomeOnThread sets the calling thread's supplementary groups, GID and UID (real, effective
+// and saved), in that order: once the UID is not root, the groups can no longer change.
+func becomeOnThread(id Identity, groups []uint32) error {
+	var list unsafe.Pointer
+	if len(groups) > 0 {
+		list = unsafe.Pointer(&groups[0])
+	}
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_SETGROUPS, uintptr(len(groups)), uintptr(list), 0); errno != 0 {
+		return fmt.Errorf("setgroups %v: %w", groups, errno)
+	}
+	gid, uid := uintptr(id.GID), uintptr(id.UID)
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_SETRESGID, gid, gid, gid); errno != 0 {
+		return fmt.Errorf("setresgid %d: %w", id.GID, errno)
+	}
+	if _, _, errno := syscall.RawSyscall(syscall.SYS_SETRESUID, uid, uid, uid); errno != 0 {
+		return fmt.Errorf("setresuid %d: %w", id.UID, errno)
+	}
+	return nil
 }

@@ -2,9 +2,13 @@ package testenv_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -65,5 +69,49 @@ func TestIntegrationNamespacesAndClients(t *testing.T) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Errorf("namespace %s is still there after its test ended", p)
 		}
+	}
+}
+
+// DialAs connects as the identity iptables owner matches see, from this process, and leaves
+// the process's own identity alone.
+func TestIntegrationDialAs(t *testing.T) {
+	testenv.Privileged(t)
+	a, b := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	testenv.Link(t, a, "eth0", []netip.Prefix{netip.MustParsePrefix("10.89.0.1/24")}, b, "eth0", []netip.Prefix{netip.MustParsePrefix("10.89.0.2/24")})
+	testenv.Serve(t, a, "local", "tcp4", "0.0.0.0:7100")
+	testenv.Serve(t, b, "remote", "tcp4", "0.0.0.0:7000")
+	rules := "*nat\n" +
+		"-A OUTPUT -p tcp -m owner --uid-owner 4242 -j REDIRECT --to-ports 7100\n" +
+		"-A OUTPUT -p tcp -m owner --gid-owner 4343 -j REDIRECT --to-ports 7100\n" +
+		"COMMIT\n"
+	if err := a.Do(func() error {
+		cmd := exec.Command("iptables-legacy-restore")
+		cmd.Stdin = strings.NewReader(rules)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	remote := netip.MustParseAddrPort("10.89.0.2:7000")
+	for _, tc := range []struct {
+		id     testenv.Identity
+		groups []uint32
+		want   string
+	}{
+		{testenv.Identity{UID: 4242, GID: 1}, nil, "local 10.89.0.2:7000"},
+		{testenv.Identity{UID: 1, GID: 4343}, nil, "local 10.89.0.2:7000"},
+		{testenv.Identity{UID: 1, GID: 1}, []uint32{4343}, "remote 10.89.0.2:7000"}, // --gid-owner matches the primary group only
+		{testenv.Identity{}, nil, "remote 10.89.0.2:7000"},
+	} {
+		got, err := testenv.DialAs(a, tc.id, tc.groups, remote, 2*time.Second)
+		if err != nil || got != tc.want {
+			t.Errorf("DialAs(%s, groups %v) = %q, %v; want %q", tc.id, tc.groups, got, err, tc.want)
+		}
+	}
+	if os.Getuid() != 0 || os.Getgid() != 0 {
+		t.Errorf("the test process's identity changed: uid %d gid %d", os.Getuid(), os.Getgid())
 	}
 }

@@ -1,0 +1,164 @@
+package clustercheck
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+)
+
+// Status is the outcome of one check.
+type Status string
+
+const (
+	// OK: nothing to do.
+	OK Status = "ok"
+	// Warning: detour works, but something deserves a look (a rollout in progress, recent
+	// repairs, a check that could not look).
+	Warning Status = "warning"
+	// Error: something is broken; the command exits non-zero.
+	Error Status = "error"
+)
+
+// Symbol is the status as the text output prints it.
+func (s Status) Symbol() string {
+	switch s {
+	case OK:
+		return "✓"
+	case Warning:
+		return "‼"
+	}
+	return "✗"
+}
+
+// Result is one check's outcome: a one-line message and, unless it is OK, what to do and where
+// the documentation says more.
+type Result struct {
+	// Name is the check's stable identifier (docs/troubleshooting.md has a section per name).
+	Name    string `json:"name"`
+	Status  Status `json:"status"`
+	Message string `json:"message"`
+	Fix     string `json:"fix,omitempty"`
+	Docs    string `json:"docs,omitempty"`
+}
+
+// Report is every check's result, in the order they ran.
+type Report struct {
+	Results  []Result `json:"results"`
+	Errors   int      `json:"errors"`
+	Warnings int      `json:"warnings"`
+}
+
+func (r *Report) add(res Result) {
+	if res.Status != OK && res.Docs == "" {
+		res.Docs = DocsURL + "#check-cluster-" + res.Name
+	}
+	switch res.Status {
+	case Error:
+		r.Errors++
+	case Warning:
+		r.Warnings++
+	}
+	r.Results = append(r.Results, res)
+}
+
+// Failed reports whether any check found an error.
+func (r Report) Failed() bool { return r.Errors > 0 }
+
+// WriteText prints one line per check (✓, ‼ or ✗ and the message), the fix and the link
+// indented under each one that is not OK, and a summary line.
+func (r Report) WriteText(w io.Writer) error {
+	var b strings.Builder
+	for _, res := range r.Results {
+		fmt.Fprintf(&b, "%s %s\n", res.Status.Symbol(), res.Message)
+		if res.Status != OK {
+			if res.Fix != "" {
+				fmt.Fprintf(&b, "    fix: %s\n", res.Fix)
+			}
+			fmt.Fprintf(&b, "    see: %s\n", res.Docs)
+		}
+	}
+	fmt.Fprintf(&b, "\n%d checks: %d ✓, %d ‼, %d ✗\n", len(r.Results), len(r.Results)-r.Warnings-r.Errors, r.Warnings, r.Errors)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteJSON prints the report as one JSON object.
+func (r Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// Checker runs the checks against one cluster.
+type Checker struct {
+	client    kubernetes.Interface
+	namespace string
+	since     time.Duration
+	host      string
+	dial      DialFunc
+	now       func() time.Time
+}
+
+// Option configures a Checker.
+type Option func(*Checker)
+
+// WithNamespace sets detour's namespace (default [DefaultNamespace]).
+func WithNamespace(ns string) Option { return func(c *Checker) { c.namespace = ns } }
+
+// WithSince sets how far back the repair controller's Events count (default one hour).
+func WithSince(d time.Duration) Option { return func(c *Checker) { c.since = d } }
+
+// WithHost names the API server in the messages (the kubeconfig's server).
+func WithHost(host string) Option { return func(c *Checker) { c.host = host } }
+
+// WithDialer sets how the check reaches a webhook pod to see the certificate it serves
+// (default: none, and the certificate check warns that it could not look).
+func WithDialer(d DialFunc) Option { return func(c *Checker) { c.dial = d } }
+
+// WithClock sets the clock (tests).
+func WithClock(now func() time.Time) Option { return func(c *Checker) { c.now = now } }
+
+// New returns a Checker that reads the cluster through client.
+func New(client kubernetes.Interface, opts ...Option) *Checker {
+	c := &Checker{client: client, namespace: DefaultNamespace, since: time.Hour, now: time.Now}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
+}
+
+// Run runs every check. When the API server cannot be reached, or detour's namespace is not
+// there, it stops: every other check would fail the same way.
+func (c *Checker) Run(ctx context.Context) Report {
+	var r Report
+	r.add(c.checkAPI(ctx))
+	if r.Failed() {
+		return r
+	}
+	r.add(c.checkNamespace(ctx))
+	if r.Failed() {
+		return r
+	}
+	s := c.load(ctx)
+	wh, res := c.checkWebhookConfig(ctx)
+	r.add(res)
+	eps, res := c.checkWebhookEndpoints(ctx, wh)
+	r.add(res)
+	if wh != nil {
+		r.add(c.checkWebhookCertificate(ctx, wh, eps))
+	}
+	r.add(c.checkWebhookDeployment(s))
+	r.add(c.checkNodeAgent(s))
+	r.add(c.checkStartupTaint(s))
+	r.add(c.checkReadyLabel(s))
+	r.add(c.checkNamespaces(ctx, s))
+	r.add(c.checkValidators(s))
+	r.add(c.checkRepair(ctx))
+	r.add(c.checkVersionSkew(ctx, s))
+	return r
+}

@@ -1,0 +1,176 @@
+package clustercheck
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/validator"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// The checks against the real kube-apiserver: an installation as the chart makes it (its
+// controllers' work — endpoints, rollout and pod status — written by the test, since no
+// kubelet or controller runs), healthy, then broken in the ways that need no kubelet.
+func TestIntegrationCheckCluster(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	now := time.Now()
+
+	ca := newCA(t, "detour webhook CA")
+	server := tlsServer(t, ca.serving(t, 365*24*time.Hour, WebhookService, serviceName))
+	f := newFixture(ca.pem, now)
+	objs := f.all()
+	slices.SortStableFunc(objs, func(a, b runtime.Object) int { // namespaces first
+		_, an := a.(*corev1.Namespace)
+		_, bn := b.(*corev1.Namespace)
+		return cmp.Compare(b2i(bn), b2i(an))
+	})
+	for _, o := range objs {
+		create(t, client, o)
+	}
+	// What the controllers and kubelets would write.
+	d, err := client.AppsV1().Deployments(ns).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Status = f.deploy.Status
+	if _, err := client.AppsV1().Deployments(ns).UpdateStatus(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range f.agents {
+		setStatus(t, client, p)
+	}
+	setStatus(t, client, injectedPod("shop", "web-1", 0))
+
+	run := func(at time.Time) (Report, string) {
+		r := New(client, WithDialer(dialTo(server)), WithHost(cfg.Host), WithClock(func() time.Time { return at })).Run(ctx)
+		var b bytes.Buffer
+		r.WriteText(&b)
+		return r, b.String()
+	}
+	r, text := run(time.Now())
+	t.Logf("healthy:\n%s", text)
+	if r.Failed() || r.Warnings != 0 || len(r.Results) != 13 {
+		t.Fatalf("the healthy installation: %d errors, %d warnings, %d results", r.Errors, r.Warnings, len(r.Results))
+	}
+
+	// Break it: a caBundle of another CA, a node still tainted (and without an agent), a pod
+	// whose validator found no redirect, a repair Event, the webhook scaled to 0.
+	mwc, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwc.Webhooks[0].ClientConfig.CABundle = newCA(t, "another CA").pem
+	if _, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	create(t, client, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-c"},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: StartupTaint, Effect: corev1.TaintEffectNoSchedule}}}})
+	failed := injectedPod("shop", "web-2", validator.ExitNoRedirect)
+	create(t, client, failed)
+	setStatus(t, client, failed)
+	create(t, client, repairEvent("web-0", "Delete", now))
+	if d, err = client.AppsV1().Deployments(ns).Get(ctx, WebhookDeployment, metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Spec.Replicas = ptr.To[int32](0)
+	if d, err = client.AppsV1().Deployments(ns).Update(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	d.Status = appsv1.DeploymentStatus{ObservedGeneration: d.Generation}
+	if _, err := client.AppsV1().Deployments(ns).UpdateStatus(ctx, d, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Five minutes later: node-c has carried the taint for longer than a new node does.
+	r, text = run(time.Now().Add(5 * time.Minute))
+	t.Logf("broken:\n%s", text)
+	for name, want := range map[string]Status{
+		"webhook-certificate": Error, "webhook-deployment": Error, "node-agent": Error, "startup-taint": Error,
+		"validator": Error, "repair": Warning, "ready-label": OK, "webhook-config": OK,
+	} {
+		if got := find(r, name); got.Status != want {
+			t.Errorf("%s: %s %q, want %s", name, got.Status, got.Message, want)
+		}
+	}
+	if !r.Failed() {
+		t.Error("the broken installation passed the check")
+	}
+}
+
+func create(t *testing.T, client kubernetes.Interface, o runtime.Object) {
+	t.Helper()
+	ctx := context.Background()
+	opts := metav1.CreateOptions{}
+	var err error
+	switch v := o.(type) {
+	case *corev1.Namespace:
+		_, err = client.CoreV1().Namespaces().Create(ctx, v, opts)
+	case *corev1.Node:
+		_, err = client.CoreV1().Nodes().Create(ctx, v, opts)
+	case *corev1.Pod:
+		_, err = client.CoreV1().Pods(v.Namespace).Create(ctx, v, opts)
+	case *corev1.Service:
+		_, err = client.CoreV1().Services(v.Namespace).Create(ctx, v, opts)
+	case *corev1.ConfigMap:
+		_, err = client.CoreV1().ConfigMaps(v.Namespace).Create(ctx, v, opts)
+	case *corev1.Event:
+		_, err = client.CoreV1().Events(v.Namespace).Create(ctx, v, opts)
+	case *admissionv1.MutatingWebhookConfiguration:
+		_, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, v, opts)
+	case *discoveryv1.EndpointSlice:
+		_, err = client.DiscoveryV1().EndpointSlices(v.Namespace).Create(ctx, v, opts)
+	case *appsv1.Deployment:
+		_, err = client.AppsV1().Deployments(v.Namespace).Create(ctx, v, opts)
+	case *appsv1.DaemonSet:
+		_, err = client.AppsV1().DaemonSets(v.Namespace).Create(ctx, v, opts)
+	default:
+		t.Fatalf("create %T: not a kind the test creates", o)
+	}
+	if err != nil {
+		t.Fatalf("create %T: %v", o, err)
+	}
+}
+
+// setStatus writes a pod's status as its kubelet would.
+func setStatus(t *testing.T, client kubernetes.Interface, want *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	p, err := client.CoreV1().Pods(want.Namespace).Get(ctx, want.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status = *want.Status.DeepCopy()
+	for i := range p.Status.InitContainerStatuses {
+		p.Status.InitContainerStatuses[i].Image = image
+	}
+	for i := range p.Status.ContainerStatuses {
+		p.Status.ContainerStatuses[i].Image = image
+	}
+	if _, err := client.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("update the status of pod %s/%s: %v", p.Namespace, p.Name, err)
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -423,7 +423,6 @@ func TestCheckCluster(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("report:\n%s", text.String())
 			if tc.name == "healthy" {
 				if r.Failed() || r.Warnings != 0 || len(r.Results) != len(tc.want) {
 					t.Errorf("healthy cluster: %d errors, %d warnings, %d results:\n%s", r.Errors, r.Warnings, len(r.Results), text.String())

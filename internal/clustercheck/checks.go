@@ -306,11 +306,15 @@ func (c *Checker) checkWebhookCertificate(ctx context.Context, ref *webhookRef, 
 		}
 		good = append(good, ep.String())
 	}
+	subject, verifies := "the certificate "+good[0]+" serves", "verifies"
+	if len(good) > 1 {
+		subject, verifies = "the certificates "+list(good)+" serve", "verify"
+	}
 	if left := notAfter.Sub(c.now()); left < 7*24*time.Hour {
-		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("the certificate %s serves verifies for %s but expires in %s (%s)", list(good), ref.serverName(), left.Round(time.Minute), notAfter.UTC().Format(time.RFC3339)),
+		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("%s %s for %s but one expires in %s (%s)", subject, verifies, ref.serverName(), left.Round(time.Minute), notAfter.UTC().Format(time.RFC3339)),
 			Fix: fmt.Sprintf("certificates.mode detour rotates it before expiry: see the webhook's log (kubectl -n %s logs deployment/%s); cert-manager: check the Certificate's renewBefore", c.namespace, WebhookDeployment)}
 	}
-	return Result{Name: name, Status: OK, Message: fmt.Sprintf("the certificate %s serves verifies against the caBundle for %s (valid until %s)", list(good), ref.serverName(), notAfter.UTC().Format("2006-01-02"))}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s %s against the caBundle for %s (valid until %s)", subject, verifies, ref.serverName(), notAfter.UTC().Format("2006-01-02"))}
 }
 
 func consequenceOf(ref *webhookRef) string {
@@ -702,7 +706,7 @@ func (c *Checker) checkRepair(ctx context.Context) Result {
 		items = append(items, fmt.Sprintf("%s/%s on %s (%s %s ago)", e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Source.Host, what, now.Sub(eventTime(e)).Round(time.Second)))
 	}
 	return Result{Name: name, Status: Warning,
-		Message: fmt.Sprintf("in the last %s the repair controller deleted %s and annotated %s: %s", c.since, plural(deleted, "pod"), plural(annotated, "bare pod"), list(items)),
+		Message: fmt.Sprintf("in the last %s the repair controller %s: %s", c.since, actions(deleted, annotated), list(items)),
 		Fix:     fmt.Sprintf("these pods started before detour's CNI config was on their node (%s); repairs that repeat on one node mean its node agent does not keep the config in place: check the agent there and run detour check on the node (kubectl get events -A --field-selector reason=%s)", plural(len(nodes), "node"), repair.EventReason)}
 }
 
@@ -754,6 +758,17 @@ func (c *Checker) checkVersionSkew(ctx context.Context, s *state) Result {
 	}
 	return Result{Name: name, Status: Warning, Message: "detour's components run different images: " + strings.Join(parts, "; "),
 		Fix: fmt.Sprintf("finish the upgrade: kubectl -n %s rollout status deployment/%s and daemonset/%s; the validator's image is in ConfigMap %s, which helm upgrade sets", c.namespace, WebhookDeployment, NodeAgentDaemonSet, WebhookConfigMap)}
+}
+
+func actions(deleted, annotated int) string {
+	var parts []string
+	if deleted > 0 {
+		parts = append(parts, "deleted "+plural(deleted, "pod"))
+	}
+	if annotated > 0 {
+		parts = append(parts, "annotated "+plural(annotated, "bare pod"))
+	}
+	return strings.Join(parts, " and ")
 }
 
 // maxListed bounds the names a message lists.

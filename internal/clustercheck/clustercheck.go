@@ -132,6 +132,14 @@ func New(client kubernetes.Interface, opts ...Option) *Checker {
 	return c
 }
 
+// CheckNames are the names of the checks, in the order they run; docs/troubleshooting.md has a
+// section "check-cluster: NAME" for each.
+var CheckNames = []string{
+	"kubernetes-api", "detour-namespace", "webhook-config", "webhook-endpoints", "webhook-certificate",
+	"webhook-deployment", "node-agent", "startup-taint", "ready-label", "opted-in-namespaces",
+	"validator", "repair", "version-skew",
+}
+
 // Run runs every check. When the API server cannot be reached, or detour's namespace is not
 // there, it stops: every other check would fail the same way.
 func (c *Checker) Run(ctx context.Context) Report {

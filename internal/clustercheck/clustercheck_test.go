@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -271,7 +272,7 @@ func TestCheckCluster(t *testing.T) {
 		{name: "certificate expiring", server: expiring, want: map[string]struct {
 			status Status
 			msg    string
-		}{"webhook-certificate": {Warning, "verifies for detour-webhook.detour-system.svc but expires in 4"}}},
+		}{"webhook-certificate": {Warning, "verifies for detour-webhook.detour-system.svc but one expires in 4"}}},
 		{name: "webhook pod unreachable", server: "127.0.0.1:1", want: map[string]struct {
 			status Status
 			msg    string
@@ -295,6 +296,18 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"webhook-deployment": {Error, "Deployment detour-webhook is scaled to 0 replicas"}, "webhook-endpoints": {Error, "no ready endpoint"}}},
+		{name: "two replicas", change: func(f *fixture) {
+			second := f.slice.Endpoints[0]
+			second.Addresses = []string{"10.244.1.10"}
+			second.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: WebhookDeployment + "-7d4b9-x2"}
+			f.slice.Endpoints = append(f.slice.Endpoints, second)
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{
+			"webhook-endpoints":   {OK, "has 2 ready endpoints (pod detour-webhook-7d4b9-x1, pod detour-webhook-7d4b9-x2)"},
+			"webhook-certificate": {OK, "the certificates pod detour-webhook-7d4b9-x1, pod detour-webhook-7d4b9-x2 serve verify against the caBundle"},
+		}},
 		{name: "rollout", change: func(f *fixture) { f.deploy.Status.AvailableReplicas = 1 }, want: map[string]struct {
 			status Status
 			msg    string
@@ -427,6 +440,11 @@ func TestCheckCluster(t *testing.T) {
 				if r.Failed() || r.Warnings != 0 || len(r.Results) != len(tc.want) {
 					t.Errorf("healthy cluster: %d errors, %d warnings, %d results:\n%s", r.Errors, r.Warnings, len(r.Results), text.String())
 				}
+				for i, res := range r.Results {
+					if i >= len(CheckNames) || res.Name != CheckNames[i] {
+						t.Errorf("result %d is %s; CheckNames lists the checks in order: %v", i, res.Name, CheckNames)
+					}
+				}
 			}
 			for _, res := range r.Results {
 				if strings.Contains(res.Message, "\n") {
@@ -466,5 +484,18 @@ func TestReportOutput(t *testing.T) {
 	var back Report
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Errors != 1 || back.Warnings != 1 || back.Results[2].Status != Error || back.Results[0].Docs != "" {
 		t.Errorf("JSON output %s: %v", js.String(), err)
+	}
+}
+
+// Every check's docs link leads to a section of docs/troubleshooting.md.
+func TestTroubleshootingHasEveryCheck(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/troubleshooting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range CheckNames {
+		if !strings.Contains(string(doc), "\n### check-cluster: "+name+"\n") {
+			t.Errorf("docs/troubleshooting.md has no section \"### check-cluster: %s\" (the anchor of the check's docs link)", name)
+		}
 	}
 }

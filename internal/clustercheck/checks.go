@@ -166,8 +166,19 @@ func (c *Checker) checkWebhookConfig(ctx context.Context) (*webhookRef, Result) 
 		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s (calls %s) has an empty caBundle: the API server cannot verify the webhook, so every call fails", WebhookName, target),
 			Fix: fmt.Sprintf("certificates.mode detour: the webhook writes the caBundle when it starts; see its log (kubectl -n %s logs deployment/%s). cert-manager: its CA injector writes it (annotation cert-manager.io/inject-ca-from)", c.namespace, WebhookDeployment)}
 	}
+	roots, n := parseBundle(wh.ClientConfig.CABundle)
+	if n == 0 {
+		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s's caBundle holds no PEM certificate", WebhookName),
+			Fix: fmt.Sprintf("restart the webhook (kubectl -n %s rollout restart deployment/%s), which rewrites the caBundle from its Secret; with cert-manager, check its CA injector", c.namespace, WebhookDeployment)}
+	}
+	ref.roots = roots
+	return ref, Result{Name: name, Status: OK, Message: fmt.Sprintf("MutatingWebhookConfiguration %s calls %s (failurePolicy %s) with a caBundle of %s", WebhookConfiguration, target, ref.failurePolicy, plural(n, "certificate"))}
+}
+
+// parseBundle returns the PEM certificates of a caBundle as a pool, and how many there are.
+func parseBundle(bundle []byte) (*x509.CertPool, int) {
 	roots, n := x509.NewCertPool(), 0
-	for rest := wh.ClientConfig.CABundle; ; {
+	for rest := bundle; ; {
 		var b *pem.Block
 		if b, rest = pem.Decode(rest); b == nil {
 			break
@@ -177,12 +188,7 @@ func (c *Checker) checkWebhookConfig(ctx context.Context) (*webhookRef, Result) 
 			n++
 		}
 	}
-	if n == 0 {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s's caBundle holds no PEM certificate", WebhookName),
-			Fix: fmt.Sprintf("restart the webhook (kubectl -n %s rollout restart deployment/%s), which rewrites the caBundle from its Secret; with cert-manager, check its CA injector", c.namespace, WebhookDeployment)}
-	}
-	ref.roots = roots
-	return ref, Result{Name: name, Status: OK, Message: fmt.Sprintf("MutatingWebhookConfiguration %s calls %s (failurePolicy %s) with a caBundle of %s", WebhookConfiguration, target, ref.failurePolicy, plural(n, "certificate"))}
+	return roots, n
 }
 
 // Endpoint is one ready address of the webhook's Service: the pod behind it and the port the

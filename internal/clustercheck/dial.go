@@ -8,11 +8,11 @@ import (
 	"net/http"
 	"strconv"
 
-	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/portforward"
 	"k8s.io/client-go/transport/spdy"
+	streamhttp "k8s.io/streaming/pkg/httpstream"
 )
 
 // DialFunc opens a TCP connection to a webhook endpoint, for the certificate check.
@@ -40,15 +40,16 @@ func PortForward(cfg *rest.Config, client kubernetes.Interface) DialFunc {
 		if err != nil {
 			return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ep.Namespace, ep.Pod, err)
 		}
-		var dialer httpstream.Dialer = spdy.NewDialer(upgrader, &http.Client{Transport: transport}, http.MethodPost, url)
-		if ws, err := portforward.NewSPDYOverWebsocketDialer(url, cfg); err == nil {
-			dialer = portforward.NewFallbackDialer(ws, dialer, func(err error) bool {
-				return httpstream.IsUpgradeFailure(err) || httpstream.IsHTTPSProxyError(err)
+		// As kubectl port-forward: websocket first, SPDY when the upgrade is refused.
+		dialer := spdy.NewDialerForStreaming(upgrader, &http.Client{Transport: transport}, http.MethodPost, url)
+		if ws, err := portforward.NewSPDYOverWebsocketDialerForStreaming(url, cfg); err == nil {
+			dialer = portforward.NewFallbackDialerForStreaming(ws, dialer, func(err error) bool {
+				return streamhttp.IsUpgradeFailure(err) || streamhttp.IsHTTPSProxyError(err)
 			})
 		}
 		fwCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 		ready := make(chan struct{})
-		fw, err := portforward.NewOnAddressesWithContext(fwCtx, dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(int(ep.Port))}, ready, io.Discard, io.Discard)
+		fw, err := portforward.NewOnAddressesForStreamingWithContext(fwCtx, dialer, []string{"127.0.0.1"}, []string{"0:" + strconv.Itoa(int(ep.Port))}, ready, io.Discard, io.Discard)
 		if err != nil {
 			stop()
 			return nil, fmt.Errorf("port-forward to pod %s/%s: %w", ep.Namespace, ep.Pod, err)

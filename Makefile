@@ -7,7 +7,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test lint fuzz bench bench-iptables bench-cni bench-webhook test-binaries demo image manifests clean
+.PHONY: all build test e2e lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
 
 all: build
 
@@ -19,6 +19,12 @@ build:
 # which makes them required).
 test:
 	bash hack/test.sh
+
+# The real node alone (internal/e2e, also part of `make test`): etcd, kube-apiserver, the
+# scheduler, the controller manager, containerd, runc and the kubelet from their Go modules,
+# detour installed from its own image and chart, the user stories on real pods.
+e2e:
+	bash hack/test.sh ./internal/e2e
 
 test-binaries:
 	bash hack/test-binaries.sh
@@ -33,7 +39,7 @@ FUZZTIME ?= 10s
 fuzz:
 	bash hack/fuzz.sh $(FUZZTIME)
 
-bench: bench-iptables bench-cni bench-webhook
+bench: bench-iptables bench-cni bench-webhook bench-e2e
 
 bench-iptables:
 	bash hack/host-deps.sh
@@ -50,11 +56,22 @@ BENCH_N ?= 30
 bench-cni:
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) \
-		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
+		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkStatus|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
 
-# The container image (needs a Docker engine): the same `make build` runs inside it.
+# The container image, without a Docker engine (internal/image, go-containerregistry): the
+# binaries of `make build` as $(IMAGE), written to $(IMAGE_TAR) for `docker load -i` or
+# `ctr -n k8s.io images import`; `make image-push` pushes it with the credentials of
+# `docker login`. `make docker-image` builds the same image from the Dockerfile with Docker.
 IMAGE ?= ghcr.io/detourmesh/detour:$(VERSION)
-image:
+IMAGE_TAR ?= $(BIN)/detour-image.tar
+.PHONY: image-push docker-image
+image: build
+	go run ./hack/image --bin $(BIN) --version $(VERSION) --ref $(IMAGE) --out $(IMAGE_TAR)
+
+image-push: build
+	go run ./hack/image --bin $(BIN) --version $(VERSION) --ref $(IMAGE) --push
+
+docker-image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 # The injection webhook (docs/benchmarks-webhook.md): the mutation and admission benchmarks,
@@ -64,6 +81,13 @@ bench-webhook: build
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) && export DETOUR_TEST_BIN && \
 	go test ./webhook -run '^$$' -bench . -benchtime 3000x -count 1 && \
 	go run ./hack/webhook-load --detour=$(BIN)/detour --concurrency 16 --rate 500 --duration 20s
+
+# Pod start latency on the real node, with detour and without (DETOUR_E2E_BENCH_PODS each,
+# default 30): p50 and p99 from creation to Ready.
+bench-e2e:
+	bash hack/host-deps.sh
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) PATH="$$PATH:/usr/sbin:/sbin" \
+		go test ./internal/e2e -run '^$$' -bench PodStartLatency -benchtime 1x -count 1 -timeout 40m
 
 # The local end-to-end demo (the README's first command): builds everything, starts a local
 # kube-apiserver + etcd, the webhook, the node agent and the plugin, and narrates each step.

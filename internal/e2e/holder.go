@@ -445,3 +445,11 @@ func (c *holderClient) close() error {
 		return fmt.Errorf("the node's namespace holder did not exit within 60 s; killed")
 	}
 }
+
+// ServeHolder makes the process a node's namespace holder, and exits, when [Start] started
+// it as one; otherwise it returns at once. Call it first in TestMain.
+func ServeHolder() {
+	if spec := os.Getenv(holderEnv); spec != "" {
+		os.Exit(runHolder(spec))
+	}
+}

@@ -14,8 +14,6 @@ import (
 	"github.com/detourmesh/detour/internal/testenv"
 )
 
-func TestMain(m *testing.M) { Main(m) }
-
 // nodeBinaries are the binaries a node needs from hack/test-binaries.sh.
 var nodeBinaries = []string{
 	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
@@ -24,7 +22,7 @@ var nodeBinaries = []string{
 
 // requireNode skips (or, in CI, fails) the test when a node cannot run here, and returns
 // the binaries' directory.
-func requireNode(t *testing.T) string {
+func requireNode(t testing.TB) string {
 	t.Helper()
 	testenv.Privileged(t)
 	for _, b := range nodeBinaries {
@@ -84,7 +82,7 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	}
 }
 
-func linkNames(t *testing.T) string {
+func linkNames(t testing.TB) string {
 	ifs, err := net.Interfaces()
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +94,7 @@ func linkNames(t *testing.T) string {
 	return strings.Join(names, ",")
 }
 
-func mountCount(t *testing.T) int {
+func mountCount(t testing.TB) int {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,168 @@
+package images
+
+import (
+	"archive/tar"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"sort"
+	"testing"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/detourmesh/detour/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// imageFile is a regular file of an image.
+type imageFile struct {
+	mode    int64
+	content string
+}
+
+// imageFiles reads the regular files of the image's single layer.
+func imageFiles(t *testing.T, img v1.Image) map[string]imageFile {
+	t.Helper()
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 1 {
+		t.Fatalf("layers: %d, %v; want one", len(layers), err)
+	}
+	rc, err := layers[0].Uncompressed()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rc.Close()
+	files := map[string]imageFile{}
+	tr := tar.NewReader(rc)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files["/"+h.Name] = imageFile{mode: h.Mode, content: string(b)}
+		}
+	}
+}
+
+func TestBuild(t *testing.T) {
+	b, err := Build(context.Background(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{pauseProg, proxyProg, workloadProg} {
+		st, err := os.Stat(b.Bin(p))
+		if err != nil || st.Mode().Perm()&0o111 == 0 {
+			t.Errorf("binary %s: %v %v", p, st, err)
+		}
+	}
+
+	const passwd, group = "root:x:0:0:root:/root:/sbin/nologin\n", "root:x:0:\n"
+	for _, tc := range []struct {
+		ref        string
+		user       string
+		entrypoint string
+		files      map[string]string // path -> content ("" when it is a program)
+	}{
+		{b.Refs.Pause, "65535:65535", "/pause", map[string]string{"/pause": ""}},
+		{b.Refs.Proxy, "", "/usr/local/bin/testproxy", map[string]string{"/usr/local/bin/testproxy": ""}},
+		{b.Refs.Workload, "", "/usr/local/bin/workload",
+			map[string]string{"/usr/local/bin/workload": "", "/etc/passwd": passwd, "/etc/group": group}},
+		{b.Refs.WorkloadNumeric, "1500", "/usr/local/bin/workload",
+			map[string]string{"/usr/local/bin/workload": "", "/etc/passwd": passwd, "/etc/group": group}},
+		{b.Refs.WorkloadNamed, "app", "/usr/local/bin/workload", map[string]string{
+			"/usr/local/bin/workload": "",
+			"/etc/passwd":             passwd + "app:x:1600:1600:app:/:/sbin/nologin\n",
+			"/etc/group":              group + "app:x:1600:\n",
+		}},
+	} {
+		t.Run(tc.ref, func(t *testing.T) {
+			tag, err := name.NewTag(tc.ref)
+			if err != nil {
+				t.Fatal(err)
+			}
+			img, err := tarball.ImageFromPath(b.Tarball, &tag)
+			if err != nil {
+				t.Fatalf("%s is not in %s: %v", tc.ref, b.Tarball, err)
+			}
+			cf, err := img.ConfigFile()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cf.Config.User != tc.user || !reflect.DeepEqual(cf.Config.Entrypoint, []string{tc.entrypoint}) || cf.OS != "linux" {
+				t.Errorf("config: user %q entrypoint %q os %s; want %q [%s] linux", cf.Config.User, cf.Config.Entrypoint, cf.OS, tc.user, tc.entrypoint)
+			}
+			files := imageFiles(t, img)
+			var paths, wantPaths []string
+			for p := range files {
+				paths = append(paths, p)
+			}
+			for p := range tc.files {
+				wantPaths = append(wantPaths, p)
+			}
+			sort.Strings(paths)
+			sort.Strings(wantPaths)
+			if !reflect.DeepEqual(paths, wantPaths) {
+				t.Fatalf("files %q, want %q", paths, wantPaths)
+			}
+			for p, content := range tc.files {
+				f := files[p]
+				if content == "" {
+					// A program: the binary Build left in bin/, executable by anyone.
+					bin, _ := os.ReadFile(b.Bin(filepath.Base(p)))
+					if f.content != string(bin) || f.mode != 0o755 {
+						t.Errorf("%s: mode %#o, content %d bytes; want bin/%s, 0755", p, f.mode, len(f.content), filepath.Base(p))
+					}
+				} else if f.content != content || f.mode != 0o644 {
+					t.Errorf("%s: mode %#o %q, want 0644 %q", p, f.mode, f.content, content)
+				}
+			}
+		})
+	}
+
+	// One tarball, every image tagged in manifest.json (what ctr and docker read).
+	f, err := os.Open(b.Tarball)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	tr := tar.NewReader(f)
+	var tags []string
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Name == "manifest.json" {
+			var m tarball.Manifest
+			if err := json.NewDecoder(tr).Decode(&m); err != nil {
+				t.Fatal(err)
+			}
+			for _, d := range m {
+				tags = append(tags, d.RepoTags...)
+			}
+		}
+	}
+	sort.Strings(tags)
+	want := []string{"detour.test/pause:1", "detour.test/proxy:1", "detour.test/workload-named:1", "detour.test/workload-numeric:1", "detour.test/workload:1"}
+	if !reflect.DeepEqual(tags, want) {
+		t.Errorf("manifest.json RepoTags %q, want %q", tags, want)
+	}
+}

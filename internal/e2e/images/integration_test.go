@@ -1,0 +1,207 @@
+package images
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/webhook"
+)
+
+// TestIntegrationTestProxy runs the built testproxy and workload binaries in a pod-like network
+// namespace with detour's own rules (iptables.Build, one Executor), as the proxy UID and an
+// app UID, and a peer namespace on a veth, over IPv4 and IPv6:
+//   - the app's outbound connection is redirected to the proxy, which recovers the original
+//     destination (SO_ORIGINAL_DST, IP6T_SO_ORIGINAL_DST) and connects there;
+//   - the peer's inbound connection is redirected to the proxy, which forwards it to the app on
+//     127.0.0.1 (the app sees the proxy as its peer);
+//   - /ready answers, and every program exits 0 on SIGTERM.
+func TestIntegrationTestProxy(t *testing.T) {
+	testenv.Privileged(t)
+	const appUID, proxyUID = 1500, webhook.DefaultProxyUID
+	ctx := context.Background()
+
+	// Binaries the proxy and app UIDs may execute (t.TempDir's parents are private).
+	dir, err := os.MkdirTemp("", "detour-images-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	built, err := Build(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	podIP4, peerIP4 := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.1")
+	podIP6, peerIP6 := netip.MustParseAddr("fd99::2"), netip.MustParseAddr("fd99::1")
+	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP4, 24), netip.PrefixFrom(podIP6, 64)},
+		peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP4, 24), netip.PrefixFrom(peerIP6, 64)})
+
+	var rulesets []iptables.Ruleset
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.Config{
+			Family:       f,
+			ProxyUID:     proxyUID,
+			InboundPort:  webhook.DefaultProxyInboundPort,
+			OutboundPort: webhook.DefaultProxyOutboundPort,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	if err := iptables.NewExecutor().Apply(ctx, pod.Path, rulesets...); err != nil {
+		t.Fatal(err)
+	}
+
+	proxyLog := start(t, pod, proxyUID, built.Bin(proxyProg)) // detour's default ports
+	waitLog(t, proxyLog, `proxy admin listening`)
+	start(t, pod, appUID, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "app")
+	start(t, peer, 0, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "peer")
+
+	// The admin port, from inside the pod.
+	var ready string
+	if err := pod.Do(func() error {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", webhook.DefaultProxyAdminPort), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprint(c, "GET /ready HTTP/1.0\r\n\r\n")
+		status, err := bufio.NewReader(c).ReadString('\n')
+		ready = strings.TrimSpace(status)
+		return err
+	}); err != nil || ready != "HTTP/1.0 200 OK" {
+		t.Errorf("/ready: %q, %v", ready, err)
+	}
+
+	for _, fam := range []struct {
+		name      string
+		pod, peer netip.Addr
+	}{
+		{"ipv4", podIP4, peerIP4},
+		{"ipv6", podIP6, peerIP6},
+	} {
+		t.Run(fam.name, func(t *testing.T) {
+			peerAddr := netip.AddrPortFrom(fam.peer, 8080)
+			podAddr := netip.AddrPortFrom(fam.pod, 8080)
+
+			// Outbound: the app dials the peer; the proxy takes the connection there.
+			out := run(t, pod, appUID, built.Bin(workloadProg), "dial", "-addr", peerAddr.String(), "-must", "-retry", "5s")
+			want := regexp.MustCompile(`^dial ` + regexp.QuoteMeta(peerAddr.String()) + ` ok: peer uid=0 gid=0 groups=\S* peer=` +
+				regexp.QuoteMeta(addrPrefix(fam.pod)) + `\d+ local=` + regexp.QuoteMeta(peerAddr.String()) + `$`)
+			if !want.MatchString(out) {
+				t.Errorf("outbound: %q, want %s", out, want)
+			}
+			waitLog(t, proxyLog, `proxy outbound `+regexp.QuoteMeta(addrPrefix(fam.pod))+`\d+ -> `+regexp.QuoteMeta(peerAddr.String())+`\n`)
+
+			// Inbound: the peer dials the pod; the proxy hands the connection to the app.
+			out = run(t, peer, 0, built.Bin(workloadProg), "dial", "-addr", podAddr.String(), "-must", "-retry", "5s")
+			want = regexp.MustCompile(`^dial ` + regexp.QuoteMeta(podAddr.String()) + fmt.Sprintf(` ok: app uid=%d gid=%d groups=\S* peer=127\.0\.0\.1:\d+ local=127\.0\.0\.1:8080$`, appUID, appUID))
+			if !want.MatchString(out) {
+				t.Errorf("inbound: %q, want %s", out, want)
+			}
+			waitLog(t, proxyLog, `proxy inbound `+regexp.QuoteMeta(addrPrefix(fam.peer))+`\d+ -> `+regexp.QuoteMeta(podAddr.String())+` app 127\.0\.0\.1:8080\n`)
+		})
+	}
+	t.Logf("proxy log:\n%s", readLog(proxyLog))
+}
+
+// addrPrefix is how an address:port of a starts, without the port: "10.0.0.1:", "[fd::1]:".
+func addrPrefix(a netip.Addr) string {
+	s := netip.AddrPortFrom(a, 1).String()
+	return s[:len(s)-1]
+}
+
+// start runs bin with args in ns as uid (and the same gid) until the test ends, when it must
+// exit 0 on SIGTERM. It returns the file its output goes to.
+func start(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string) string {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := command(bin, uid, f, args...)
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatalf("start %s %q: %v", bin, args, err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("%s %q on SIGTERM: %v\n%s", filepath.Base(bin), args, err, readLog(log))
+			}
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			t.Errorf("%s %q did not exit on SIGTERM", filepath.Base(bin), args)
+			<-done
+		}
+	})
+	return log
+}
+
+// run runs bin with args in ns as uid and returns its output, failing the test if it fails.
+func run(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string) string {
+	t.Helper()
+	log := filepath.Join(t.TempDir(), "run.log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	cmd := command(bin, uid, f, args...)
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatalf("start %s %q: %v", bin, args, err)
+	}
+	err = cmd.Wait()
+	out := strings.TrimSpace(readLog(log))
+	if err != nil {
+		t.Errorf("%s %q: %v\n%s", filepath.Base(bin), args, err, out)
+	}
+	return out
+}
+
+// command is bin with args as uid:uid, its output in f. Started from a thread in a network
+// namespace, it runs there; with a file for its output, no goroutine copies it.
+func command(bin string, uid int, f *os.File, args ...string) *exec.Cmd {
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
+	return cmd
+}
+
+func readLog(path string) string {
+	b, _ := os.ReadFile(path)
+	return string(b)
+}
+
+// waitLog waits until the file at path matches re.
+func waitLog(t *testing.T, path, re string) {
+	t.Helper()
+	r := regexp.MustCompile(re)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if r.MatchString(readLog(path)) {
+			return
+		}
+	}
+	t.Fatalf("no %q in %s:\n%s", re, filepath.Base(path), readLog(path))
+}

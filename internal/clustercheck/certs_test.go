@@ -48,8 +48,17 @@ func (ca *testCA) serving(t *testing.T, validFor time.Duration, names ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
+	var dns []string
+	var ips []net.IP
+	for _, n := range names {
+		if ip := net.ParseIP(n); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dns = append(dns, n)
+		}
+	}
 	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
+		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: names[0]}, DNSNames: dns, IPAddresses: ips,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(validFor),
 		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}

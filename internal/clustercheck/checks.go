@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/klog/v2"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
@@ -37,6 +38,9 @@ type state struct {
 	deployErr error
 	injected  []corev1.Pod // every injected pod of the cluster
 	podsErr   error
+	optedIn   []string // namespaces annotated detour.dev/inject=enabled
+	nsLabels  map[string]map[string]string
+	nsErr     error
 }
 
 func (c *Checker) load(ctx context.Context) *state {
@@ -59,6 +63,17 @@ func (c *Checker) load(ctx context.Context) *state {
 		}
 	}
 	s.deploy, s.deployErr = c.client.AppsV1().Deployments(c.namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	if nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		s.nsErr = fmt.Errorf("list namespaces: %w", err)
+	} else {
+		s.nsLabels = map[string]map[string]string{}
+		for _, ns := range nss.Items {
+			s.nsLabels[ns.Name] = ns.Labels
+			if ns.Annotations[annotations.Inject] == "enabled" {
+				s.optedIn = append(s.optedIn, ns.Name)
+			}
+		}
+	}
 	opts := metav1.ListOptions{Limit: 500}
 	for {
 		pods, err := c.client.CoreV1().Pods("").List(ctx, opts)
@@ -128,16 +143,16 @@ type webhookRef struct {
 // serverName is the name the API server checks the webhook's certificate against.
 func (w *webhookRef) serverName() string { return w.service + "." + w.namespace + ".svc" }
 
-// checkWebhookConfig reads the MutatingWebhookConfiguration. It returns the webhook's Service
-// and caBundle when both are usable.
-func (c *Checker) checkWebhookConfig(ctx context.Context) (*webhookRef, Result) {
+// checkWebhookConfig reads the MutatingWebhookConfiguration. It returns detour's webhook when
+// there is one, and its Service and caBundle when both are usable.
+func (c *Checker) checkWebhookConfig(ctx context.Context) (*admissionv1.MutatingWebhook, *webhookRef, Result) {
 	const name = "webhook-config"
 	mwc, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("MutatingWebhookConfiguration %s not found: the API server calls no detour webhook, so no pod is injected", WebhookConfiguration),
+		return nil, nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("MutatingWebhookConfiguration %s not found: the API server calls no detour webhook, so no pod is injected", WebhookConfiguration),
 			Fix: "install or upgrade detour (helm upgrade --install); the chart leaves it out on purpose in uninstall mode (nodeAgent.uninstall=true)"}
 	} else if err != nil {
-		return nil, cannot(name, fmt.Errorf("get MutatingWebhookConfiguration %s: %w", WebhookConfiguration, err))
+		return nil, nil, cannot(name, fmt.Errorf("get MutatingWebhookConfiguration %s: %w", WebhookConfiguration, err))
 	}
 	var wh *admissionv1.MutatingWebhook
 	for i := range mwc.Webhooks {
@@ -146,12 +161,12 @@ func (c *Checker) checkWebhookConfig(ctx context.Context) (*webhookRef, Result) 
 		}
 	}
 	if wh == nil {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("MutatingWebhookConfiguration %s has no webhook %s", WebhookConfiguration, WebhookName),
+		return nil, nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("MutatingWebhookConfiguration %s has no webhook %s", WebhookConfiguration, WebhookName),
 			Fix: "reinstall detour: the configuration was edited by hand or by another tool"}
 	}
 	svc := wh.ClientConfig.Service
 	if svc == nil {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s calls a URL (%v), not detour's Service", WebhookName, deref(wh.ClientConfig.URL)),
+		return wh, nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s calls a URL (%v), not detour's Service", WebhookName, deref(wh.ClientConfig.URL)),
 			Fix: fmt.Sprintf("reinstall detour: its webhook is called through Service %s/%s", c.namespace, WebhookService)}
 	}
 	ref := &webhookRef{namespace: svc.Namespace, service: svc.Name, port: 443, failurePolicy: admissionv1.Fail}
@@ -163,16 +178,16 @@ func (c *Checker) checkWebhookConfig(ctx context.Context) (*webhookRef, Result) 
 	}
 	target := fmt.Sprintf("Service %s/%s:%d%s", svc.Namespace, svc.Name, ref.port, deref(svc.Path))
 	if len(wh.ClientConfig.CABundle) == 0 {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s (calls %s) has an empty caBundle: the API server cannot verify the webhook, so every call fails", WebhookName, target),
+		return wh, nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s (calls %s) has an empty caBundle: the API server cannot verify the webhook, so every call fails", WebhookName, target),
 			Fix: fmt.Sprintf("certificates.mode detour: the webhook writes the caBundle when it starts; see its log (kubectl -n %s logs deployment/%s). cert-manager: its CA injector writes it (annotation cert-manager.io/inject-ca-from)", c.namespace, WebhookDeployment)}
 	}
 	roots, n := parseBundle(wh.ClientConfig.CABundle)
 	if n == 0 {
-		return nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s's caBundle holds no PEM certificate", WebhookName),
+		return wh, nil, Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s's caBundle holds no PEM certificate", WebhookName),
 			Fix: fmt.Sprintf("restart the webhook (kubectl -n %s rollout restart deployment/%s), which rewrites the caBundle from its Secret; with cert-manager, check its CA injector", c.namespace, WebhookDeployment)}
 	}
 	ref.roots = roots
-	return ref, Result{Name: name, Status: OK, Message: fmt.Sprintf("MutatingWebhookConfiguration %s calls %s (failurePolicy %s) with a caBundle of %s", WebhookConfiguration, target, ref.failurePolicy, plural(n, "certificate"))}
+	return wh, ref, Result{Name: name, Status: OK, Message: fmt.Sprintf("MutatingWebhookConfiguration %s calls %s (failurePolicy %s) with a caBundle of %s", WebhookConfiguration, target, ref.failurePolicy, plural(n, "certificate"))}
 }
 
 // parseBundle returns the PEM certificates of a caBundle as a pool, and how many there are.
@@ -321,6 +336,119 @@ func (c *Checker) checkWebhookCertificate(ctx context.Context, ref *webhookRef, 
 			Fix: fmt.Sprintf("certificates.mode detour rotates it before expiry: see the webhook's log (kubectl -n %s logs deployment/%s); cert-manager: check the Certificate's renewBefore", c.namespace, WebhookDeployment)}
 	}
 	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s %s against the caBundle for %s (valid until %s)", subject, verifies, ref.serverName(), notAfter.UTC().Format("2006-01-02"))}
+}
+
+// ProbePod is the name of the pod the admission check creates with dryRun=All.
+const ProbePod = "detour-check-probe"
+
+// neverInjected are the namespaces whose pods the webhook never injects (besides detour's own).
+var neverInjected = []string{"kube-system", "kube-public", "kube-node-lease"}
+
+// checkAdmission has the API server admit a pod that asks for injection, without storing it
+// (dryRun=All; the webhook declares sideEffects None, so the API server calls it): the pod comes
+// back injected only when the API server reached the webhook and trusted its certificate — the
+// path every real pod takes, which a port-forward from the check's own machine does not cover
+// (a firewall between the control plane and the nodes, for one).
+func (c *Checker) checkAdmission(ctx context.Context, wh *admissionv1.MutatingWebhook, s *state) Result {
+	const name = "webhook-admission"
+	probeNS := "default"
+	for _, ns := range s.optedIn {
+		if ns != c.namespace && !slices.Contains(neverInjected, ns) {
+			probeNS = ns
+			break
+		}
+	}
+	probeLabels := map[string]string{"app.kubernetes.io/name": "detour-check"}
+	nsLabels := s.nsLabels[probeNS]
+	if nsLabels == nil {
+		nsLabels = map[string]string{corev1.LabelMetadataName: probeNS}
+	}
+	if !coversPodCreate(wh.Rules) {
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("webhook %s's rules do not cover creating pods (v1): no pod is injected", WebhookName),
+			Fix: "the chart's rule is operations [CREATE] on pods, apiGroups [\"\"], apiVersions [v1]; helm upgrade restores it"}
+	}
+	if sel, err := metav1.LabelSelectorAsSelector(wh.NamespaceSelector); wh.NamespaceSelector != nil && (err != nil || !sel.Matches(labels.Set(nsLabels))) {
+		status, what := Warning, "namespace "+probeNS
+		if slices.Contains(s.optedIn, probeNS) {
+			status, what = Error, "namespace "+probeNS+", which is opted in: its pods are not injected"
+		}
+		return Result{Name: name, Status: status, Message: fmt.Sprintf("webhook %s's namespaceSelector (%s) does not select %s", WebhookName, selectorString(wh.NamespaceSelector), what),
+			Fix: fmt.Sprintf("the chart's selector leaves out only %s and kube-system; helm upgrade restores it", c.namespace)}
+	}
+	if sel, err := metav1.LabelSelectorAsSelector(wh.ObjectSelector); wh.ObjectSelector != nil && (err != nil || !sel.Matches(labels.Set(probeLabels))) {
+		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("webhook %s has an objectSelector (%s): only pods it selects are injected, and the probe pod is not, so the API server's call to the webhook was not checked", WebhookName, selectorString(wh.ObjectSelector)),
+			Fix: "the chart sets no objectSelector; helm upgrade restores it"}
+	}
+	img := "registry.k8s.io/pause:3.10"
+	if s.deploy != nil && len(s.deploy.Spec.Template.Spec.Containers) > 0 {
+		img = s.deploy.Spec.Template.Spec.Containers[0].Image
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: ProbePod, Namespace: probeNS,
+			Labels:      probeLabels,
+			Annotations: map[string]string{annotations.Inject: "enabled"},
+		},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken: ptr.To(false),
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To[int64](65532),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
+			Containers: []corev1.Container{{
+				Name: "probe", Image: img,
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false),
+					Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+			}},
+		},
+	}
+	ctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+	defer cancel()
+	start := c.now()
+	got, err := c.client.CoreV1().Pods(probeNS).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: "detour-check"})
+	took := c.now().Sub(start).Round(time.Millisecond)
+	probe := fmt.Sprintf("a dry-run pod in namespace %s", probeNS)
+	network := fmt.Sprintf("the API server must reach the webhook's pods on their port (firewall rules between the control plane and the nodes, as on private GKE or EKS clusters, often block it); kube-apiserver's log says 'failed calling webhook \"%s\"'", WebhookName)
+	switch {
+	case err != nil && strings.Contains(err.Error(), WebhookName) && strings.Contains(err.Error(), "denied the request"):
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("the webhook denied %s: %v", probe, err),
+			Fix: fmt.Sprintf("the webhook's configuration (ConfigMap %s) refuses a plain pod; its log says why", WebhookConfigMap)}
+	case err != nil && strings.Contains(err.Error(), WebhookName):
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("the API server could not call the webhook for %s: %v", probe, err), Fix: network}
+	case err != nil:
+		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("%s was refused, so the API server's call to the webhook was not checked: %v", probe, err),
+			Fix: fmt.Sprintf("the check needs create on pods in %s (dryRun: nothing is stored); a policy (Pod Security, a policy engine) that refuses the probe pod refuses it after the webhook ran", probeNS)}
+	case !annotations.IsInjected(got.Annotations):
+		if wh.FailurePolicy != nil && *wh.FailurePolicy == admissionv1.Ignore {
+			return Result{Name: name, Status: Error, Message: fmt.Sprintf("%s that asks for injection came back uninjected after %s: the API server could not call the webhook and admitted it anyway (failurePolicy Ignore), as it does every pod now", probe, took), Fix: network}
+		}
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("%s that asks for injection came back uninjected: the webhook configuration does not select it (namespaceSelector, objectSelector) or the webhook skipped it", probe),
+			Fix: fmt.Sprintf("compare MutatingWebhookConfiguration %s with the chart's (helm upgrade restores it) and read the webhook's log for pod %s", WebhookConfiguration, ProbePod)}
+	}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("the API server called the webhook: %s came back injected (detour %s) in %s", probe, got.Annotations[annotations.Injected], took)}
+}
+
+// coversPodCreate reports whether a rule sends the creation of v1 pods to the webhook.
+func coversPodCreate(rules []admissionv1.RuleWithOperations) bool {
+	for _, r := range rules {
+		if (slices.Contains(r.Operations, admissionv1.Create) || slices.Contains(r.Operations, admissionv1.OperationAll)) &&
+			(slices.Contains(r.APIGroups, "") || slices.Contains(r.APIGroups, "*")) &&
+			(slices.Contains(r.APIVersions, "v1") || slices.Contains(r.APIVersions, "*")) &&
+			(slices.Contains(r.Resources, "pods") || slices.Contains(r.Resources, "*") || slices.Contains(r.Resources, "*/*")) {
+			return true
+		}
+	}
+	return false
+}
+
+func selectorString(sel *metav1.LabelSelector) string {
+	s, err := metav1.LabelSelectorAsSelector(sel)
+	if err != nil {
+		return err.Error()
+	}
+	return s.String()
 }
 
 func consequenceOf(ref *webhookRef) string {
@@ -578,18 +706,12 @@ func (c *Checker) checkReadyLabel(s *state) Result {
 		Fix: fmt.Sprintf("register nodes with the taint %s:NoSchedule (kubelet --register-with-taints, Karpenter startupTaints) and check the node agent on these nodes: its log says what it waits for (kubectl -n %s logs POD -c %s)", taint, c.namespace, InstallCNIContainer)}
 }
 
-func (c *Checker) checkNamespaces(ctx context.Context, s *state) Result {
+func (c *Checker) checkNamespaces(s *state) Result {
 	const name = "opted-in-namespaces"
-	nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
-	if err != nil {
-		return cannot(name, fmt.Errorf("list namespaces: %w", err))
+	if s.nsErr != nil {
+		return cannot(name, s.nsErr)
 	}
-	var in []string
-	for _, ns := range nss.Items {
-		if ns.Annotations[annotations.Inject] == "enabled" {
-			in = append(in, ns.Name)
-		}
-	}
+	in := s.optedIn
 	pods := "injected pods not counted: " + fmt.Sprint(s.podsErr)
 	if s.podsErr == nil {
 		pods = plural(len(s.injected), "injected pod")

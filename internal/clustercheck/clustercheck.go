@@ -101,6 +101,7 @@ type Checker struct {
 	since     time.Duration
 	host      string
 	dial      DialFunc
+	probe     bool
 	now       func() time.Time
 }
 
@@ -120,12 +121,16 @@ func WithHost(host string) Option { return func(c *Checker) { c.host = host } }
 // (default: none, and the certificate check warns that it could not look).
 func WithDialer(d DialFunc) Option { return func(c *Checker) { c.dial = d } }
 
+// WithAdmissionProbe turns the webhook-admission check (a pod created with dryRun=All) on or
+// off (default on).
+func WithAdmissionProbe(on bool) Option { return func(c *Checker) { c.probe = on } }
+
 // WithClock sets the clock (tests).
 func WithClock(now func() time.Time) Option { return func(c *Checker) { c.now = now } }
 
 // New returns a Checker that reads the cluster through client.
 func New(client kubernetes.Interface, opts ...Option) *Checker {
-	c := &Checker{client: client, namespace: DefaultNamespace, since: time.Hour, now: time.Now}
+	c := &Checker{client: client, namespace: DefaultNamespace, since: time.Hour, probe: true, now: time.Now}
 	for _, o := range opts {
 		o(c)
 	}
@@ -136,7 +141,7 @@ func New(client kubernetes.Interface, opts ...Option) *Checker {
 // section "check-cluster: NAME" for each.
 var CheckNames = []string{
 	"kubernetes-api", "detour-namespace", "webhook-config", "webhook-endpoints", "webhook-certificate",
-	"webhook-deployment", "node-agent", "startup-taint", "ready-label", "opted-in-namespaces",
+	"webhook-admission", "webhook-deployment", "node-agent", "startup-taint", "ready-label", "opted-in-namespaces",
 	"validator", "repair", "version-skew",
 }
 
@@ -153,18 +158,21 @@ func (c *Checker) Run(ctx context.Context) Report {
 		return r
 	}
 	s := c.load(ctx)
-	wh, res := c.checkWebhookConfig(ctx)
+	wh, ref, res := c.checkWebhookConfig(ctx)
 	r.add(res)
-	eps, res := c.checkWebhookEndpoints(ctx, wh)
+	eps, res := c.checkWebhookEndpoints(ctx, ref)
 	r.add(res)
-	if wh != nil {
-		r.add(c.checkWebhookCertificate(ctx, wh, eps))
+	if ref != nil {
+		r.add(c.checkWebhookCertificate(ctx, ref, eps))
+	}
+	if wh != nil && c.probe {
+		r.add(c.checkAdmission(ctx, wh, s))
 	}
 	r.add(c.checkWebhookDeployment(s))
 	r.add(c.checkNodeAgent(s))
 	r.add(c.checkStartupTaint(s))
 	r.add(c.checkReadyLabel(s))
-	r.add(c.checkNamespaces(ctx, s))
+	r.add(c.checkNamespaces(s))
 	r.add(c.checkValidators(s))
 	r.add(c.checkRepair(ctx))
 	r.add(c.checkVersionSkew(ctx, s))

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes/fake"
@@ -71,8 +73,13 @@ func newFixture(caPEM []byte, now time.Time) *fixture {
 			Webhooks: []admissionv1.MutatingWebhook{{
 				Name: WebhookName, AdmissionReviewVersions: []string{"v1"}, SideEffects: ptr.To(admissionv1.SideEffectClassNone),
 				FailurePolicy: ptr.To(admissionv1.Ignore),
-				// Selects no pod: in the integration test, the API server must not call it.
-				ObjectSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"detour.dev/test": "never"}},
+				Rules: []admissionv1.RuleWithOperations{{
+					Operations: []admissionv1.OperationType{admissionv1.Create},
+					Rule:       admissionv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods"}, Scope: ptr.To(admissionv1.NamespacedScope)},
+				}},
+				NamespaceSelector: &metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{
+					Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpNotIn, Values: []string{ns, "kube-system"},
+				}}},
 				ClientConfig: admissionv1.WebhookClientConfig{
 					Service:  &admissionv1.ServiceReference{Namespace: ns, Name: WebhookService, Path: ptr.To("/mutate-v1-pod")},
 					CABundle: caPEM,
@@ -125,7 +132,7 @@ func newFixture(caPEM []byte, now time.Time) *fixture {
 		},
 		objects: []runtime.Object{
 			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}},
-			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Annotations: map[string]string{annotations.Inject: "enabled"}}},
+			&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{corev1.LabelMetadataName: "shop"}, Annotations: map[string]string{annotations.Inject: "enabled"}}},
 			injectedPod("shop", "web-1", 0),
 		},
 	}
@@ -216,6 +223,9 @@ func TestCheckCluster(t *testing.T) {
 		name   string
 		change func(f *fixture)
 		server string
+		// admit stands for the API server's admission of the dry-run probe pod (default: the
+		// webhook injects it).
+		admit  func(*corev1.Pod) (*corev1.Pod, error)
 		client func(*fake.Clientset)
 		// want maps check names to the status and a part of the message.
 		want map[string]struct {
@@ -232,6 +242,7 @@ func TestCheckCluster(t *testing.T) {
 			"webhook-config":      {OK, "calls Service detour-system/detour-webhook:443/mutate-v1-pod (failurePolicy Ignore) with a caBundle of 1 certificate"},
 			"webhook-endpoints":   {OK, "has 1 ready endpoint (pod detour-webhook-7d4b9-x1)"},
 			"webhook-certificate": {OK, "the certificate pod detour-webhook-7d4b9-x1 serves verifies against the caBundle for detour-webhook.detour-system.svc"},
+			"webhook-admission":   {OK, "the API server called the webhook: a dry-run pod in namespace shop came back injected (detour v0.1.0) in "},
 			"webhook-deployment":  {OK, "2 of 2 replicas available"},
 			"node-agent":          {OK, "ready on every node it runs on (2)"},
 			"startup-taint":       {OK, "no node carries the startup taint detour.dev/cni-not-ready"},
@@ -308,6 +319,46 @@ func TestCheckCluster(t *testing.T) {
 			"webhook-endpoints":   {OK, "has 2 ready endpoints (pod detour-webhook-7d4b9-x1, pod detour-webhook-7d4b9-x2)"},
 			"webhook-certificate": {OK, "the certificates pod detour-webhook-7d4b9-x1, pod detour-webhook-7d4b9-x2 serve verify against the caBundle"},
 		}},
+		{name: "the API server cannot reach the webhook", admit: func(p *corev1.Pod) (*corev1.Pod, error) { return p, nil }, want: map[string]struct {
+			status Status
+			msg    string
+		}{"webhook-certificate": {OK, ""}, "webhook-admission": {Error, "a dry-run pod in namespace shop that asks for injection came back uninjected after 0s: the API server could not call the webhook and admitted it anyway (failurePolicy Ignore)"}}},
+		{name: "the API server cannot reach the webhook, failurePolicy Fail", change: func(f *fixture) { f.mwc.Webhooks[0].FailurePolicy = ptr.To(admissionv1.Fail) },
+			admit: func(*corev1.Pod) (*corev1.Pod, error) {
+				return nil, apierrors.NewInternalError(errors.New(`failed calling webhook "inject.detour.dev": failed to call webhook: Post "https://detour-webhook.detour-system.svc:443/mutate-v1-pod?timeout=10s": context deadline exceeded`))
+			}, want: map[string]struct {
+				status Status
+				msg    string
+			}{"webhook-admission": {Error, `the API server could not call the webhook for a dry-run pod in namespace shop: Internal error occurred: failed calling webhook "inject.detour.dev"`}}},
+		{name: "the webhook configuration does not select the pod", change: func(f *fixture) { f.mwc.Webhooks[0].FailurePolicy = ptr.To(admissionv1.Fail) },
+			admit: func(p *corev1.Pod) (*corev1.Pod, error) { return p, nil }, want: map[string]struct {
+				status Status
+				msg    string
+			}{"webhook-admission": {Error, "the webhook configuration does not select it"}}},
+		{name: "an opted-in namespace the webhook does not select", change: func(f *fixture) {
+			f.mwc.Webhooks[0].NamespaceSelector.MatchExpressions[0].Values = []string{ns, "kube-system", "shop"}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"webhook-admission": {Error, "webhook inject.detour.dev's namespaceSelector (kubernetes.io/metadata.name notin (detour-system,kube-system,shop)) does not select namespace shop, which is opted in: its pods are not injected"}}},
+		{name: "rules without pod creation", change: func(f *fixture) {
+			f.mwc.Webhooks[0].Rules[0].Operations = []admissionv1.OperationType{admissionv1.Update}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"webhook-admission": {Error, "webhook inject.detour.dev's rules do not cover creating pods (v1): no pod is injected"}}},
+		{name: "an objectSelector", change: func(f *fixture) {
+			f.mwc.Webhooks[0].ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"mesh": "on"}}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"webhook-admission": {Warning, "webhook inject.detour.dev has an objectSelector (mesh=on)"}}},
+		{name: "no permission to create pods", admit: func(*corev1.Pod) (*corev1.Pod, error) {
+			return nil, apierrors.NewForbidden(corev1.Resource("pods"), "", errors.New(`User "dev" cannot create resource "pods" in API group "" in the namespace "shop"`))
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"webhook-admission": {Warning, "a dry-run pod in namespace shop was refused, so the API server's call to the webhook was not checked"}}},
 		{name: "rollout", change: func(f *fixture) { f.deploy.Status.AvailableReplicas = 1 }, want: map[string]struct {
 			status Status
 			msg    string
@@ -379,7 +430,7 @@ func TestCheckCluster(t *testing.T) {
 		{name: "nobody opted in", change: func(f *fixture) { f.objects = f.objects[:1] }, want: map[string]struct {
 			status Status
 			msg    string
-		}{"opted-in-namespaces": {Warning, "no namespace opted in (annotation detour.dev/inject=enabled) and 0 injected pods"}}},
+		}{"opted-in-namespaces": {Warning, "no namespace opted in (annotation detour.dev/inject=enabled) and 0 injected pods"}, "webhook-admission": {OK, "namespace default"}}},
 		{name: "validators failed", change: func(f *fixture) {
 			crashing := injectedPod("shop", "web-2", 0)
 			crashing.Status.InitContainerStatuses[0].State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}}
@@ -415,6 +466,21 @@ func TestCheckCluster(t *testing.T) {
 				tc.change(f)
 			}
 			client := fake.NewClientset(f.all()...)
+			admit := tc.admit
+			if admit == nil {
+				admit = func(p *corev1.Pod) (*corev1.Pod, error) {
+					p.Annotations[annotations.Injected] = "v0.1.0"
+					return p, nil
+				}
+			}
+			client.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+				create := a.(k8stesting.CreateActionImpl)
+				if !slices.Equal(create.CreateOptions.DryRun, []string{metav1.DryRunAll}) {
+					t.Errorf("the check created a pod without dryRun=All: %+v", create.CreateOptions)
+				}
+				p, err := admit(create.Object.(*corev1.Pod).DeepCopy())
+				return true, p, err
+			})
 			if tc.client != nil {
 				tc.client(client)
 			}

@@ -4,14 +4,20 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/tls"
+	"encoding/json"
+	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	admission "k8s.io/api/admission/v1"
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
@@ -35,6 +41,11 @@ func TestIntegrationCheckCluster(t *testing.T) {
 	ca := newCA(t, "detour webhook CA")
 	server := tlsServer(t, ca.serving(t, 365*24*time.Hour, WebhookService, serviceName))
 	f := newFixture(ca.pem, now)
+	// Until the last step, the API server must not call the webhook: nothing serves its Service.
+	f.mwc.Webhooks[0].ObjectSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"detour.dev/test": "never"}}
+	t.Cleanup(func() {
+		client.AdmissionregistrationV1().MutatingWebhookConfigurations().Delete(context.Background(), WebhookConfiguration, metav1.DeleteOptions{})
+	})
 	objs := f.all()
 	slices.SortStableFunc(objs, func(a, b runtime.Object) int { // namespaces first
 		_, an := a.(*corev1.Namespace)
@@ -59,7 +70,7 @@ func TestIntegrationCheckCluster(t *testing.T) {
 	setStatus(t, client, injectedPod("shop", "web-1", 0))
 
 	run := func(at time.Time) (Report, string) {
-		r := New(client, WithDialer(dialTo(server)), WithHost(cfg.Host), WithClock(func() time.Time { return at })).Run(ctx)
+		r := New(client, WithDialer(dialTo(server)), WithHost(cfg.Host), WithAdmissionProbe(false), WithClock(func() time.Time { return at })).Run(ctx)
 		var b bytes.Buffer
 		r.WriteText(&b)
 		return r, b.String()
@@ -112,6 +123,67 @@ func TestIntegrationCheckCluster(t *testing.T) {
 	if !r.Failed() {
 		t.Error("the broken installation passed the check")
 	}
+
+	// The API server's own call: a webhook it can reach (a URL on this host; nothing routes the
+	// Service's ClusterIP here) injects the dry-run probe; once it is gone, the probe comes back
+	// uninjected (failurePolicy Ignore). Nothing is stored either way.
+	hook, stopHook := admissionServer(t, ca.serving(t, 365*24*time.Hour, "127.0.0.1"))
+	mwc, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mwc.Webhooks[0].ObjectSelector = nil
+	mwc.Webhooks[0].TimeoutSeconds = ptr.To[int32](2)
+	mwc.Webhooks[0].ClientConfig = admissionv1.WebhookClientConfig{URL: ptr.To("https://" + hook + "/mutate-v1-pod"), CABundle: ca.pem}
+	if _, err := client.AdmissionregistrationV1().MutatingWebhookConfigurations().Update(ctx, mwc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	probe := func() Result {
+		t.Helper()
+		r := New(client, WithDialer(dialTo(server))).Run(ctx)
+		if _, err := client.CoreV1().Pods("shop").Get(ctx, ProbePod, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			t.Errorf("the probe pod was stored: %v", err)
+		}
+		return find(r, "webhook-admission")
+	}
+	// The API server reads webhook configurations from an informer: wait for the change.
+	var res Result
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if res = probe(); res.Status == OK {
+			break
+		}
+	}
+	if res.Status != OK || !strings.Contains(res.Message, "the API server called the webhook: a dry-run pod in namespace shop came back injected (detour v-test)") {
+		t.Errorf("webhook-admission with a reachable webhook: %s %q", res.Status, res.Message)
+	}
+	stopHook()
+	if res = probe(); res.Status != Error || !strings.Contains(res.Message, "came back uninjected after") {
+		t.Errorf("webhook-admission with the webhook gone: %s %q", res.Status, res.Message)
+	}
+}
+
+// admissionServer is a mutating webhook on a loopback port that marks every pod injected. It
+// returns its address and a function that stops it (and closes its connections).
+func admissionServer(t *testing.T, cert tls.Certificate) (string, func()) {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		var review admission.AdmissionReview
+		if err := json.NewDecoder(req.Body).Decode(&review); err != nil || review.Request == nil {
+			http.Error(w, "bad review", http.StatusBadRequest)
+			return
+		}
+		patch := []byte(`[{"op":"add","path":"/metadata/annotations/detour.dev~1injected","value":"v-test"}]`)
+		review.Response = &admission.AdmissionResponse{UID: review.Request.UID, Allowed: true, Patch: patch, PatchType: ptr.To(admission.PatchTypeJSONPatch)}
+		review.Request = nil
+		json.NewEncoder(w).Encode(review)
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return ln.Addr().String(), func() { srv.Close() }
 }
 
 func create(t *testing.T, client kubernetes.Interface, o runtime.Object) {

@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/detourmesh/detour/internal/clustercheck"
@@ -51,6 +52,8 @@ func (f *clusterFlags) run(cmd *cobra.Command) error {
 		return fmt.Errorf("load the kubeconfig: %w (set --kubeconfig or $KUBECONFIG, and --context, as for kubectl)", err)
 	}
 	cfg.UserAgent = "detour-check"
+	// The admission probe's warnings are about a pod that is never stored.
+	cfg.WarningHandler = rest.NoWarnings{}
 	cfg.Timeout = 30 * time.Second
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {

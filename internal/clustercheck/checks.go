@@ -132,6 +132,19 @@ func (c *Checker) checkNamespace(ctx context.Context) Result {
 	return Result{Name: name, Status: OK, Message: fmt.Sprintf("detour's namespace %s exists", c.namespace)}
 }
 
+// checkInstalled reports, as the detour-namespace check, a namespace without any of detour's
+// main objects (after helm uninstall, when the namespace stays): one line instead of a ✗ per
+// missing object.
+func (c *Checker) checkInstalled(ctx context.Context, s *state) (Result, bool) {
+	_, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) || !apierrors.IsNotFound(s.deployErr) || !apierrors.IsNotFound(s.dsErr) {
+		return Result{}, true
+	}
+	return Result{Name: "detour-namespace", Status: Error,
+		Message: fmt.Sprintf("detour is not installed in namespace %s: no Deployment %s, no DaemonSet %s, no MutatingWebhookConfiguration %s", c.namespace, WebhookDeployment, NodeAgentDaemonSet, WebhookConfiguration),
+		Fix:     fmt.Sprintf("install detour (helm install detour manifests/charts/detour -n %s, or kubectl apply -f manifests/install.yaml), or pass -n with the namespace it is installed in", DefaultNamespace)}, false
+}
+
 // webhookRef is what the MutatingWebhookConfiguration says about calling the webhook.
 type webhookRef struct {
 	namespace, service string

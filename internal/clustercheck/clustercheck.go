@@ -153,11 +153,17 @@ func (c *Checker) Run(ctx context.Context) Report {
 	if r.Failed() {
 		return r
 	}
-	r.add(c.checkNamespace(ctx))
-	if r.Failed() {
+	nsResult := c.checkNamespace(ctx)
+	if nsResult.Status == Error {
+		r.add(nsResult)
 		return r
 	}
 	s := c.load(ctx)
+	if res, installed := c.checkInstalled(ctx, s); !installed {
+		r.add(res)
+		return r
+	}
+	r.add(nsResult)
 	wh, ref, res := c.checkWebhookConfig(ctx)
 	r.add(res)
 	eps, res := c.checkWebhookEndpoints(ctx, ref)

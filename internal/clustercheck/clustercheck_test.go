@@ -264,6 +264,10 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"detour-namespace": {Error, "namespace detour-system not found"}, "webhook-config": {"missing", ""}}},
+		{name: "uninstalled, the namespace left", change: func(f *fixture) { f.mwc, f.deploy, f.ds = nil, nil, nil }, want: map[string]struct {
+			status Status
+			msg    string
+		}{"detour-namespace": {Error, "detour is not installed in namespace detour-system: no Deployment detour-webhook, no DaemonSet detour-node-agent, no MutatingWebhookConfiguration detour"}, "webhook-config": {"missing", ""}, "node-agent": {"missing", ""}}},
 		{name: "no webhook configuration", change: func(f *fixture) { f.mwc = nil }, want: map[string]struct {
 			status Status
 			msg    string

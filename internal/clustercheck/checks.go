@@ -351,7 +351,8 @@ func (c *Checker) checkWebhookCertificate(ctx context.Context, ref *webhookRef, 
 	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s %s against the caBundle for %s (valid until %s)", subject, verifies, ref.serverName(), notAfter.UTC().Format("2006-01-02"))}
 }
 
-// ProbePod is the name of the pod the admission check creates with dryRun=All.
+// ProbePod is the name prefix of the pod the admission check creates with dryRun=All; it is
+// labeled app.kubernetes.io/name=detour-check.
 const ProbePod = "detour-check-probe"
 
 // neverInjected are the namespaces whose pods the webhook never injects (besides detour's own).
@@ -398,7 +399,7 @@ func (c *Checker) checkAdmission(ctx context.Context, wh *admissionv1.MutatingWe
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: ProbePod, Namespace: probeNS,
+			GenerateName: ProbePod + "-", Namespace: probeNS,
 			Labels:      probeLabels,
 			Annotations: map[string]string{annotations.Inject: "enabled"},
 		},

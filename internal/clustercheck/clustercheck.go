@@ -66,6 +66,16 @@ func (r *Report) add(res Result) {
 	r.Results = append(r.Results, res)
 }
 
+// Result returns the result of the check called name, and whether that check ran.
+func (r Report) Result(name string) (Result, bool) {
+	for _, res := range r.Results {
+		if res.Name == name {
+			return res, true
+		}
+	}
+	return Result{}, false
+}
+
 // Failed reports whether any check found an error.
 func (r Report) Failed() bool { return r.Errors > 0 }
 

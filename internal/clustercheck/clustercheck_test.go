@@ -203,10 +203,8 @@ func isNil(o runtime.Object) bool {
 }
 
 func find(r Report, name string) Result {
-	for _, res := range r.Results {
-		if res.Name == name {
-			return res
-		}
+	if res, ok := r.Result(name); ok {
+		return res
 	}
 	return Result{Name: name, Status: "missing"}
 }

@@ -38,7 +38,8 @@ check fails.
 With --cluster it runs from anywhere with a kubeconfig (found as kubectl finds it) and checks the
 installation through the API server, one line each with ✓, ‼ (warning) or ✗ and the fix: the
 webhook's configuration, Service endpoints, the certificate its pods serve against the caBundle,
-its Deployment; the node agent on every node; nodes still carrying the startup taint or lacking
+the API server's own call to it (a pod created with dryRun=All, never stored), its Deployment;
+the node agent on every node; nodes still carrying the startup taint or lacking
 the ready label; opted-in namespaces; injected pods whose validator failed; the repair
 controller's recent Events; image skew between the components. It exits 1 when any check shows ✗.`,
 		Example: `  # The node's state, from the host:

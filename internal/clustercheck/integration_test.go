@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -17,10 +18,13 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/validator"
@@ -155,6 +159,18 @@ func TestIntegrationCheckCluster(t *testing.T) {
 	if res.Status != OK || !strings.Contains(res.Message, "the API server called the webhook: a dry-run pod in namespace shop came back injected (detour v-test)") {
 		t.Errorf("webhook-admission with a reachable webhook: %s %q", res.Status, res.Message)
 	}
+	// The same with only the permissions docs/operations.md grants (the API server checks them;
+	// the port-forward is not exercised here).
+	checker := impersonate(t, cfg, client)
+	r = New(checker, WithDialer(dialTo(server))).Run(ctx)
+	for _, res := range r.Results {
+		if strings.Contains(res.Message, "forbidden") {
+			t.Errorf("with the documented role: %s: %s", res.Name, res.Message)
+		}
+	}
+	if got := find(r, "webhook-admission"); got.Status != OK {
+		t.Errorf("webhook-admission with the documented role: %s %q", got.Status, got.Message)
+	}
 	stopHook()
 	if res = probe(); res.Status != Error || !strings.Contains(res.Message, "came back uninjected after") {
 		t.Errorf("webhook-admission with the webhook gone: %s %q", res.Status, res.Message)
@@ -244,4 +260,48 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// impersonate returns a client for a user that has the role docs/operations.md documents for
+// detour check --cluster, and nothing else.
+func impersonate(t *testing.T, cfg *rest.Config, admin kubernetes.Interface) kubernetes.Interface {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/operations.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(doc), "<!-- detour-check-rbac -->\n```yaml\n")
+	block, _, ok2 := strings.Cut(after, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/operations.md has no detour-check-rbac yaml block")
+	}
+	var role rbacv1.ClusterRole
+	if err := yaml.UnmarshalStrict([]byte(block), &role); err != nil {
+		t.Fatalf("the documented role: %v", err)
+	}
+	ctx := context.Background()
+	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, &role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const user = "detour-checker"
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: user}},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := rest.CopyConfig(cfg)
+	c.Impersonate = rest.ImpersonationConfig{UserName: user}
+	// RBAC is read from an informer: wait until the user can list nodes.
+	client := kubernetes.NewForConfigOrDie(c)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if _, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the documented role does not take effect: %v", err)
+		}
+	}
+	return client
 }

@@ -24,23 +24,49 @@ import (
 // newCheckCommand returns `detour check`, the node-side diagnosis.
 func newCheckCommand() *cobra.Command {
 	var confDir, file, netns, backend string
+	var cl clusterFlags
 	cmd := &cobra.Command{
 		Use:   "check",
-		Short: "Diagnose a node: iptables, the CNI configuration, and (with --netns) a pod's live rules",
+		Short: "Diagnose a node (iptables, the CNI configuration, a pod's live rules) or, with --cluster, the whole installation",
 		Long: `check runs on a node (or in the node agent's container) and reports, one line each with ✓ or ✗:
 the iptables backends available for IPv4 and IPv6; the CNI configuration the runtime uses, whether
 detour-cni is its last plugin with a valid entry, and whether the plugin's kubeconfig is there; and,
 given a pod's network namespace and its injected YAML, whether the live nat rules are exactly the
 ones detour-cni installs for it (the first difference in words otherwise). It exits 1 when any
-check fails.`,
+check fails.
+
+With --cluster it runs from anywhere with a kubeconfig (found as kubectl finds it) and checks the
+installation through the API server, one line each with ✓, ‼ (warning) or ✗ and the fix: the
+webhook's configuration, Service endpoints, the certificate its pods serve against the caBundle,
+the API server's own call to it (a pod created with dryRun=All, never stored), its Deployment;
+the node agent on every node; nodes still carrying the startup taint or lacking
+the ready label; opted-in namespaces; injected pods whose validator failed; the repair
+controller's recent Events; image skew between the components. It exits 1 when any check shows ✗.`,
 		Example: `  # The node's state, from the host:
   detour check --cni-conf-dir=/etc/cni/net.d
 
   # A pod's rules (find its network namespace with crictl inspectp):
   kubectl get pod web-7d4b9 -o yaml > pod.yaml
-  detour check -f pod.yaml --netns /var/run/netns/cni-1234abcd`,
+  detour check -f pod.yaml --netns /var/run/netns/cni-1234abcd
+
+  # The whole cluster, from a laptop (the current kubectl context):
+  detour check --cluster
+  detour check --cluster --context prod -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cl.enabled {
+				for _, f := range []string{"cni-conf-dir", "filename", "netns", "iptables-backend"} {
+					if cmd.Flags().Changed(f) {
+						return fmt.Errorf("--%s checks a node: run it without --cluster, on the node", f)
+					}
+				}
+				return cl.run(cmd)
+			}
+			for _, f := range []string{"kubeconfig", "context", "namespace", "since", "output", "webhook-dial"} {
+				if cmd.Flags().Changed(f) {
+					return fmt.Errorf("--%s goes with --cluster", f)
+				}
+			}
 			b, err := iptables.ParseBackend(backend)
 			if err != nil {
 				return fmt.Errorf("--iptables-backend: %w", err)
@@ -67,6 +93,7 @@ check fails.`,
 	fl.StringVarP(&file, "filename", "f", "", "the injected pod's YAML (kubectl get pod -o yaml); - reads standard input")
 	fl.StringVar(&netns, "netns", "", "the pod's network namespace, e.g. /var/run/netns/cni-...")
 	fl.StringVar(&backend, "iptables-backend", "auto", "auto, legacy or nft, as in the plugin's configuration")
+	cl.addFlags(fl)
 	return cmd
 }
 

@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
 )
@@ -92,5 +94,44 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 	testenv.Link(t, ns, "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::2/64")}, testenv.NewNetNS(t), "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::1/64")})
 	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check rules in") || !strings.Contains(out, "ipv6") {
 		t.Fatalf("check of a dual-stack pod without IPv6 rules: %v\n%s", err, out)
+	}
+}
+
+// detour check --cluster finds the kubeconfig as kubectl does and reports through the real API
+// server; nothing is installed here, so it stops at detour's namespace and exits non-zero.
+func TestIntegrationCheckClusterCommand(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	kubeconfig := testenv.Kubeconfig(t, cfg)
+
+	out, _, err := run(t, "", "check", "--cluster", "--kubeconfig", kubeconfig, "-n", "detour-elsewhere", "-o", "json")
+	var report clustercheck.Report
+	if jerr := json.Unmarshal([]byte(out), &report); jerr != nil || err == nil || len(report.Results) != 2 {
+		t.Fatalf("check --cluster -o json: %v, %v\n%s", err, jerr, out)
+	}
+	if r := report.Results[0]; r.Name != "kubernetes-api" || r.Status != clustercheck.OK || !strings.Contains(r.Message, cfg.Host) {
+		t.Errorf("first result %+v, want kubernetes-api ok at %s", r, cfg.Host)
+	}
+	if r := report.Results[1]; r.Name != "detour-namespace" || r.Status != clustercheck.Error || !strings.Contains(r.Message, "namespace detour-elsewhere not found") || r.Fix == "" {
+		t.Errorf("second result %+v, want detour-namespace error", r)
+	}
+
+	// $KUBECONFIG, as kubectl; text output.
+	t.Setenv("KUBECONFIG", kubeconfig)
+	out, _, err = run(t, "", "check", "--cluster")
+	if err == nil || !strings.Contains(out, "✓ the API server at "+cfg.Host) || !strings.Contains(out, "✗ namespace detour-system not found") {
+		t.Errorf("check --cluster with $KUBECONFIG: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"check", "--cluster", "--context", "nope"}, `context "nope" does not exist`},
+		{[]string{"check", "--cluster", "-o", "yaml"}, `-o "yaml": use text or json`},
+		{[]string{"check", "--cluster", "--netns", "/var/run/netns/x"}, "--netns checks a node"},
+		{[]string{"check", "--since", "2h"}, "--since goes with --cluster"},
+	} {
+		if _, _, err := run(t, "", tc.args...); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("detour %v: %v, want an error containing %q", tc.args, err, tc.want)
+		}
 	}
 }

@@ -1,0 +1,172 @@
+package clustercheck
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// state is what several checks read: listed once.
+type state struct {
+	nodes     []corev1.Node
+	nodesErr  error
+	ds        *appsv1.DaemonSet
+	dsErr     error
+	agents    []corev1.Pod // the DaemonSet's pods
+	agentsErr error
+	deploy    *appsv1.Deployment
+	deployErr error
+	injected  []corev1.Pod // every injected pod of the cluster
+	podsErr   error
+	optedIn   []string // namespaces annotated detour.dev/inject=enabled
+	nsLabels  map[string]map[string]string
+	nsErr     error
+}
+
+func (c *Checker) load(ctx context.Context) *state {
+	s := &state{}
+	nodes, err := c.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		s.nodesErr = fmt.Errorf("list nodes: %w", err)
+	} else {
+		s.nodes = nodes.Items
+	}
+	s.ds, s.dsErr = c.client.AppsV1().DaemonSets(c.namespace).Get(ctx, NodeAgentDaemonSet, metav1.GetOptions{})
+	if s.dsErr == nil {
+		sel, err := metav1.LabelSelectorAsSelector(s.ds.Spec.Selector)
+		if err != nil {
+			s.agentsErr = fmt.Errorf("DaemonSet %s's selector: %w", NodeAgentDaemonSet, err)
+		} else if pods, err := c.client.CoreV1().Pods(c.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.String()}); err != nil {
+			s.agentsErr = fmt.Errorf("list the node agent's pods: %w", err)
+		} else {
+			s.agents = pods.Items
+		}
+	}
+	s.deploy, s.deployErr = c.client.AppsV1().Deployments(c.namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	if nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
+		s.nsErr = fmt.Errorf("list namespaces: %w", err)
+	} else {
+		s.nsLabels = map[string]map[string]string{}
+		for _, ns := range nss.Items {
+			s.nsLabels[ns.Name] = ns.Labels
+			if ns.Annotations[annotations.Inject] == "enabled" {
+				s.optedIn = append(s.optedIn, ns.Name)
+			}
+		}
+	}
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		pods, err := c.client.CoreV1().Pods("").List(ctx, opts)
+		if err != nil {
+			s.podsErr = fmt.Errorf("list pods: %w", err)
+			break
+		}
+		for _, p := range pods.Items {
+			if annotations.IsInjected(p.Annotations) {
+				s.injected = append(s.injected, p)
+			}
+		}
+		if opts.Continue = pods.Continue; opts.Continue == "" {
+			break
+		}
+	}
+	return s
+}
+
+// cannot is the result of a check that could not read what it needs.
+func cannot(name string, err error) Result {
+	fix := "check the kubeconfig's context and network path to the API server"
+	if apierrors.IsForbidden(err) {
+		fix = "run the check as a user that can get and list detour's objects, nodes, namespaces, pods and events (docs/operations.md lists the permissions)"
+	}
+	return Result{Name: name, Status: Error, Message: fmt.Sprintf("%s: %v", name, err), Fix: fix}
+}
+
+func (c *Checker) checkAPI(_ context.Context) Result {
+	const name = "kubernetes-api"
+	where := "the API server"
+	if c.host != "" {
+		where += " at " + c.host
+	}
+	v, err := c.client.Discovery().ServerVersion()
+	if err != nil {
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("cannot reach %s: %v", where, err),
+			Fix: "check the kubeconfig and its context (kubectl config current-context, --kubeconfig, --context) and that the API server answers (kubectl version)"}
+	}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s answers (Kubernetes %s)", where, v.GitVersion)}
+}
+
+func (c *Checker) checkNamespace(ctx context.Context) Result {
+	const name = "detour-namespace"
+	_, err := c.client.CoreV1().Namespaces().Get(ctx, c.namespace, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return Result{Name: name, Status: Error, Message: fmt.Sprintf("namespace %s not found: detour is not installed there", c.namespace),
+			Fix: fmt.Sprintf("install detour (helm install detour manifests/charts/detour -n %s, or kubectl apply -f manifests/install.yaml), or pass -n with the namespace it is installed in", DefaultNamespace)}
+	case apierrors.IsForbidden(err):
+		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("cannot read namespace %s (%v); the checks go on", c.namespace, err),
+			Fix: "run the check as a user that can get namespaces"}
+	case err != nil:
+		return cannot(name, fmt.Errorf("get namespace %s: %w", c.namespace, err))
+	}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("detour's namespace %s exists", c.namespace)}
+}
+
+// checkInstalled reports, as the detour-namespace check, a namespace without any of detour's
+// main objects (after helm uninstall, when the namespace stays): one line instead of a ✗ per
+// missing object.
+func (c *Checker) checkInstalled(ctx context.Context, s *state) (Result, bool) {
+	_, err := c.client.AdmissionregistrationV1().MutatingWebhookConfigurations().Get(ctx, WebhookConfiguration, metav1.GetOptions{})
+	if !apierrors.IsNotFound(err) || !apierrors.IsNotFound(s.deployErr) || !apierrors.IsNotFound(s.dsErr) {
+		return Result{}, true
+	}
+	return Result{Name: "detour-namespace", Status: Error,
+		Message: fmt.Sprintf("detour is not installed in namespace %s: no Deployment %s, no DaemonSet %s, no MutatingWebhookConfiguration %s", c.namespace, WebhookDeployment, NodeAgentDaemonSet, WebhookConfiguration),
+		Fix:     fmt.Sprintf("install detour (helm install detour manifests/charts/detour -n %s, or kubectl apply -f manifests/install.yaml), or pass -n with the namespace it is installed in", DefaultNamespace)}, false
+}
+
+// maxListed bounds the names a message lists.
+const maxListed = 5
+
+func list(items []string) string {
+	if len(items) <= maxListed {
+		return strings.Join(items, ", ")
+	}
+	return strings.Join(items[:maxListed], ", ") + fmt.Sprintf(" and %d more", len(items)-maxListed)
+}
+
+func parenList(items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	return " (" + list(items) + ")"
+}
+
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+func verb(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}

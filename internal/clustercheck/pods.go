@@ -1,0 +1,210 @@
+package clustercheck
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/validator"
+)
+
+func (c *Checker) checkNamespaces(s *state) Result {
+	const name = "opted-in-namespaces"
+	if s.nsErr != nil {
+		return cannot(name, s.nsErr)
+	}
+	in := s.optedIn
+	pods := "injected pods not counted: " + fmt.Sprint(s.podsErr)
+	if s.podsErr == nil {
+		pods = plural(len(s.injected), "injected pod")
+	}
+	if len(in) == 0 && len(s.injected) == 0 {
+		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("no namespace opted in (annotation %s=enabled) and %s", annotations.Inject, pods),
+			Fix: fmt.Sprintf("kubectl annotate namespace NAME %s=enabled, then restart its workloads (kubectl -n NAME rollout restart deployment)", annotations.Inject)}
+	}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s opted in%s; %s", plural(len(in), "namespace"), parenList(in), pods)}
+}
+
+// validatorExit returns the exit code of pod's validator when it failed and has not passed
+// since: in its current state, or in its last one while it waits to run again.
+func validatorExit(p *corev1.Pod) (int32, bool) {
+	for _, s := range p.Status.InitContainerStatuses {
+		if s.Name != annotations.ValidatorContainer {
+			continue
+		}
+		if t := s.State.Terminated; t != nil {
+			return t.ExitCode, t.ExitCode != 0
+		}
+		if t := s.LastTerminationState.Terminated; s.State.Waiting != nil && t != nil {
+			return t.ExitCode, t.ExitCode != 0
+		}
+	}
+	return 0, false
+}
+
+var exitMeanings = map[int32]string{
+	validator.ExitNoRedirect: "no redirect",
+	validator.ExitPortInUse:  "proxy port in use",
+	validator.ExitUsage:      "bad arguments",
+	validator.ExitFailure:    "failure",
+}
+
+func (c *Checker) checkValidators(s *state) Result {
+	const name = "validator"
+	if s.podsErr != nil {
+		return cannot(name, s.podsErr)
+	}
+	var failed []string
+	noRedirect, bare := 0, 0
+	for i := range s.injected {
+		p := &s.injected[i]
+		code, bad := validatorExit(p)
+		if !bad {
+			continue
+		}
+		meaning := exitMeanings[code]
+		if meaning == "" {
+			meaning = "unknown code"
+		}
+		where := ""
+		if p.Spec.NodeName != "" {
+			where = " on " + p.Spec.NodeName
+		}
+		failed = append(failed, fmt.Sprintf("%s/%s%s (exit %d, %s)", p.Namespace, p.Name, where, code, meaning))
+		if code == validator.ExitNoRedirect {
+			noRedirect++
+		}
+		if _, ok := p.Annotations[repair.RecreateAnnotation]; ok {
+			bare++
+		}
+	}
+	if len(failed) == 0 {
+		return Result{Name: name, Status: OK, Message: fmt.Sprintf("no injected pod's validator is failing (%s)", plural(len(s.injected), "injected pod"))}
+	}
+	var fix []string
+	if noRedirect > 0 {
+		fix = append(fix, fmt.Sprintf("exit %d: the pod's network namespace has no redirect because it started before detour's CNI config was on its node; the repair controller deletes controller-owned pods once the node carries %s=true, and annotates bare pods (%s) for you to delete and recreate", validator.ExitNoRedirect, ReadyLabel, repair.RecreateAnnotation))
+	}
+	if noRedirect < len(failed) {
+		fix = append(fix, fmt.Sprintf("other codes: kubectl -n NS logs POD -c %s says what failed (docs/validator.md)", annotations.ValidatorContainer))
+	}
+	if bare > 0 {
+		fix = append(fix, fmt.Sprintf("%s %s: kubectl delete pod, then create it again", plural(bare, "bare pod"), verb(bare, "waits", "wait")))
+	}
+	return Result{Name: name, Status: Error, Message: fmt.Sprintf("the validator of %s failed: %s", plural(len(failed), "injected pod"), list(failed)), Fix: strings.Join(fix, "; ")}
+}
+
+func eventTime(e *corev1.Event) time.Time {
+	for _, t := range []time.Time{e.LastTimestamp.Time, e.EventTime.Time, e.FirstTimestamp.Time, e.CreationTimestamp.Time} {
+		if !t.IsZero() {
+			return t
+		}
+	}
+	return time.Time{}
+}
+
+func (c *Checker) checkRepair(ctx context.Context) Result {
+	const name = "repair"
+	evs, err := c.client.CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "reason=" + repair.EventReason})
+	if err != nil {
+		return cannot(name, fmt.Errorf("list Events: %w", err))
+	}
+	now := c.now()
+	var recent []*corev1.Event
+	for i := range evs.Items {
+		e := &evs.Items[i]
+		if e.Reason == repair.EventReason && now.Sub(eventTime(e)) <= c.since {
+			recent = append(recent, e)
+		}
+	}
+	if len(recent) == 0 {
+		return Result{Name: name, Status: OK, Message: fmt.Sprintf("the repair controller recreated or annotated no pod in the last %s", c.since)}
+	}
+	slices.SortFunc(recent, func(a, b *corev1.Event) int { return eventTime(b).Compare(eventTime(a)) })
+	deleted, annotated := 0, 0
+	var items []string
+	nodes := map[string]int{}
+	for _, e := range recent {
+		what := "deleted"
+		if e.Action == "Annotate" {
+			what = "annotated"
+			annotated++
+		} else {
+			deleted++
+		}
+		nodes[e.Source.Host]++
+		items = append(items, fmt.Sprintf("%s/%s on %s (%s %s ago)", e.InvolvedObject.Namespace, e.InvolvedObject.Name, e.Source.Host, what, now.Sub(eventTime(e)).Round(time.Second)))
+	}
+	return Result{Name: name, Status: Warning,
+		Message: fmt.Sprintf("in the last %s the repair controller %s: %s", c.since, actions(deleted, annotated), list(items)),
+		Fix:     fmt.Sprintf("these pods started before detour's CNI config was on their node (%s); repairs that repeat on one node mean its node agent does not keep the config in place: check the agent there and run detour check on the node (kubectl get events -A --field-selector reason=%s)", plural(len(nodes), "node"), repair.EventReason)}
+}
+
+func (c *Checker) checkVersionSkew(ctx context.Context, s *state) Result {
+	const name = "version-skew"
+	images := map[string][]string{} // image → components
+	add := func(component, image string) {
+		if image != "" && !slices.Contains(images[image], component) {
+			images[image] = append(images[image], component)
+		}
+	}
+	if s.deploy != nil {
+		for _, ctr := range s.deploy.Spec.Template.Spec.Containers {
+			add("webhook", ctr.Image)
+		}
+	}
+	if s.ds != nil {
+		for _, ctr := range s.ds.Spec.Template.Spec.Containers {
+			add("node agent ("+ctr.Name+")", ctr.Image)
+		}
+	}
+	if cm, err := c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{}); err == nil {
+		var cfg struct {
+			Validator struct {
+				Image string `json:"image"`
+			} `json:"validator"`
+		}
+		if yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg) == nil {
+			add("validator", cfg.Validator.Image)
+		}
+	}
+	switch len(images) {
+	case 0:
+		return Result{Name: name, Status: Warning, Message: "no detour component found to compare images",
+			Fix: "see the webhook-deployment and node-agent checks"}
+	case 1:
+		for img, comps := range images {
+			return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s run one image, %s", strings.Join(comps, ", "), img)}
+		}
+	}
+	keys := make([]string, 0, len(images))
+	for img := range images {
+		keys = append(keys, img)
+	}
+	slices.Sort(keys)
+	var parts []string
+	for _, img := range keys {
+		parts = append(parts, strings.Join(images[img], ", ")+" run "+img)
+	}
+	return Result{Name: name, Status: Warning, Message: "detour's components run different images: " + strings.Join(parts, "; "),
+		Fix: fmt.Sprintf("finish the upgrade: kubectl -n %s rollout status deployment/%s and daemonset/%s; the validator's image is in ConfigMap %s, which helm upgrade sets", c.namespace, WebhookDeployment, NodeAgentDaemonSet, WebhookConfigMap)}
+}
+
+func actions(deleted, annotated int) string {
+	var parts []string
+	if deleted > 0 {
+		parts = append(parts, "deleted "+plural(deleted, "pod"))
+	}
+	if annotated > 0 {
+		parts = append(parts, "annotated "+plural(annotated, "bare pod"))
+	}
+	return strings.Join(parts, " and ")
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +18,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/detourmesh/detour/cniplugin"
 )
 
 // configExtensions are the files a runtime loads as networks (containerd's and CRI-O's list).
@@ -183,11 +186,17 @@ func Primary(dir string) (string, error) {
 // resulting status; an error leaves the agent not ready and is retried on the next event or
 // resync.
 func (a *Agent) Reconcile(ctx context.Context) (Status, error) {
+	before := a.Status()
 	s, err := a.reconcile(ctx)
 	if err != nil {
 		s.Reason = err.Error()
 	}
 	a.setStatus(s)
+	if _, refused := errors.AsType[*refusedError](err); refused && s.Reason != before.Reason && a.node != nil {
+		if eerr := a.node.event(ctx, EventReason, s.Reason); eerr != nil {
+			a.log.Warn("could not record the refusal as an event on the node", "err", eerr)
+		}
+	}
 	return s, err
 }
 
@@ -213,6 +222,14 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 		return s, nil
 	}
 	if err := checkPluginDir(a.cfg.ConfDir, list); err != nil {
+		return s, err
+	}
+	if err := checkVersion(primary, list); err != nil {
+		// Chained into a version the plugin does not speak, detour's entry would fail every
+		// ADD on the node, injected pods or not: take it out if an earlier agent put it there.
+		if rerr := a.removeEntry(primary, data); rerr != nil {
+			return s, errors.Join(err, rerr)
+		}
 		return s, err
 	}
 
@@ -282,6 +299,65 @@ func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
 		return nil
 	}
 	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\" or set \"loadOnlyInlinedPlugins\": true", list.Name, pluginDir)
+}
+
+// refusedError is a primary configuration the agent will not chain into, with what to do. The
+// agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// SupportedCNIVersions are the CNI spec versions a primary configuration may declare for the
+// agent to chain detour-cni into it: the ones the plugin speaks.
+func SupportedCNIVersions() []string { return cniplugin.VersionInfo.SupportedVersions() }
+
+// CheckCNIVersion returns an error when the network's cniVersion (as the runtime resolves it,
+// "cniVersions" included; none means 0.1.0) is one detour-cni does not speak: the runtime would
+// then fail every ADD on the node with "incompatible CNI versions".
+func CheckCNIVersion(list *libcni.NetworkConfigList) error {
+	v := list.CNIVersion
+	if slices.Contains(SupportedCNIVersions(), v) {
+		return nil
+	}
+	shown := fmt.Sprintf("cniVersion %q", v)
+	if v == "" {
+		shown = "no cniVersion (which means 0.1.0)"
+	}
+	return fmt.Errorf("network %q declares %s, which %s does not speak (it speaks %s): chaining it in would fail every pod's sandbox on this node; have the primary CNI write cniVersion 0.3.0 or later",
+		list.Name, shown, PluginType, strings.Join(SupportedCNIVersions(), ", "))
+}
+
+func checkVersion(primary string, list *libcni.NetworkConfigList) error {
+	if err := CheckCNIVersion(list); err != nil {
+		return &refusedError{fmt.Sprintf("refusing to chain %s into %s: %v", PluginType, primary, err)}
+	}
+	return nil
+}
+
+// removeEntry takes detour's entries out of the conflist primary (holding data), if it has any.
+func (a *Agent) removeEntry(primary string, data []byte) error {
+	if filepath.Ext(primary) != ".conflist" || !hasEntry(data) {
+		return nil
+	}
+	out, changed, err := RemoveEntries(data)
+	if err != nil {
+		return fmt.Errorf("remove detour's entry from %s: %w", primary, err)
+	}
+	if !changed {
+		return nil
+	}
+	if _, err := writeFileAtomic(primary, out, fileMode(primary)); err != nil {
+		return err
+	}
+	a.log.Warn("removed detour's entry from the primary CNI configuration", "file", primary)
+	return nil
+}
+
+func fileMode(path string) fs.FileMode {
+	if st, err := os.Stat(path); err == nil {
+		return st.Mode().Perm()
+	}
+	return 0o644
 }
 
 // ensureEntry puts detour's entry into the primary configuration and returns the file that
@@ -470,18 +546,52 @@ func (a *Agent) reconcileAndLog(ctx context.Context) {
 }
 
 // Uninstall removes what the agent installed: detour's entry from every conflist in the
-// directory, the plugin binary, the kubeconfig and the token copy, and the node's ready label.
-// It goes on after an error and returns them all.
+// directory first; then — only once no file the runtime loads holds an entry, since an entry
+// without its binary fails every pod's sandbox with "plugin not found" — the plugin binary, the
+// kubeconfig and the token copy; and the node's ready label. It goes on after an error where
+// that is safe and returns them all; running it again finishes the job.
 func (a *Agent) Uninstall(ctx context.Context) error {
 	var errs []error
-	files, err := libcni.ConfFiles(a.cfg.ConfDir, []string{".conflist"})
+	if err := a.removeAllEntries(); err != nil {
+		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
+	} else {
+		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
+			if removed, err := removeFile(f); err != nil {
+				errs = append(errs, err)
+			} else if removed {
+				a.log.Info("removed", "file", f)
+			}
+		}
+	}
+	if a.node != nil {
+		if err := a.node.unlabel(ctx); err != nil {
+			errs = append(errs, err)
+		} else {
+			a.log.Info("removed the node's ready label", "node", a.node.name)
+		}
+	}
+	err := errors.Join(errs...)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("list %s: %w", a.cfg.ConfDir, err))
+		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
+	} else {
+		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+	}
+	return err
+}
+
+// removeAllEntries removes detour's entries from every configuration file in the directory and
+// then checks that none is left; it returns every failure.
+func (a *Agent) removeAllEntries() error {
+	var errs []error
+	files, err := libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
 	}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
 			continue
 		}
 		if !hasEntry(data) {
@@ -492,39 +602,31 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 			continue
 		}
-		mode := fs.FileMode(0o644)
-		if st, err := os.Stat(f); err == nil {
-			mode = st.Mode().Perm()
-		}
 		if changed {
-			if _, err := writeFileAtomic(f, out, mode); err != nil {
-				errs = append(errs, err)
+			if _, err := writeFileAtomic(f, out, fileMode(f)); err != nil {
+				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 				continue
 			}
 			a.log.Info("removed detour's entry", "file", f)
 		}
 	}
-	for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
-		if removed, err := removeFile(f); err != nil {
-			errs = append(errs, err)
-		} else if removed {
-			a.log.Info("removed", "file", f)
-		}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	if a.node != nil {
-		if err := a.node.unlabel(ctx); err != nil {
-			errs = append(errs, err)
-		} else {
-			a.log.Info("removed the node's ready label", "node", a.node.name)
-		}
-	}
-	err = errors.Join(errs...)
+	// Read everything again: a file written meanwhile (by the primary, or by an agent that is
+	// still running) may hold an entry again.
+	files, err = libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
 	if err != nil {
-		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
-	} else {
-		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
 	}
-	return err
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
+		} else if hasEntry(data) {
+			errs = append(errs, fmt.Errorf("%s holds detour's entry again", f))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // UninstallAndHold is `--uninstall --hold`: it uninstalls like Uninstall, retrying with backoff

@@ -391,6 +391,14 @@ func TestReconcileWaitsOrRefuses(t *testing.T) {
 			"x/ignored.conflist":  `{}`,
 			"y/not-relevant.conf": `{}`,
 		}, dirs: []string{"x", "y"}, wantErr: `network "x" also loads plugins from`},
+		// Issue 15.1: chained into a version detour-cni does not speak, the entry would fail
+		// every ADD on the node ("incompatible CNI versions").
+		{name: "conf of CNI 0.2.0", files: map[string]string{"10-x.conf": `{"name":"x","cniVersion":"0.2.0","type":"bridge"}`},
+			wantErr: `network "x" declares cniVersion "0.2.0", which detour-cni does not speak`},
+		{name: "conf without cniVersion", files: map[string]string{"10-x.conf": `{"name":"x","type":"bridge"}`},
+			wantErr: `network "x" declares no cniVersion (which means 0.1.0)`},
+		{name: "conflist of CNI 0.1.0", files: map[string]string{"10-x.conflist": `{"name":"x","cniVersion":"0.1.0","plugins":[{"type":"bridge"}]}`},
+			wantErr: `refusing to chain detour-cni into`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -418,6 +426,59 @@ func TestReconcileWaitsOrRefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Issue 15.1: a primary whose version the plugin does not speak loses an entry an earlier
+// agent (or another version) put there, the agent is not ready and says why.
+func TestReconcileRemovesEntryFromUnsupportedVersion(t *testing.T) {
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-x.conflist")
+	writeFile(t, primary, `{"name":"x","cniVersion":"0.2.0","plugins":[{"type":"bridge","k":"&000"},{"type":"detour-cni"}]}`)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "uid-1"}})
+	e.flags.NodeName = "node-1"
+	a := e.agent(t, nodeagent.WithNodeClient(client))
+	s, err := a.Reconcile(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `declares cniVersion "0.2.0"`) || s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v; want a refusal", s, err)
+	}
+	a.Reconcile(context.Background()) // the same refusal again: no second Event
+	events, _ := client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	if len(events.Items) != 1 || events.Items[0].Reason != nodeagent.EventReason || events.Items[0].InvolvedObject.UID != "uid-1" ||
+		!strings.Contains(events.Items[0].Message, `declares cniVersion "0.2.0"`) {
+		t.Errorf("events %+v, want one %s on the node", events.Items, nodeagent.EventReason)
+	}
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"bridge"}) {
+		t.Errorf("plugins %v, want the entry removed", types)
+	}
+	if ok, reason := a.Ready(); ok || !strings.Contains(reason, "refusing to chain") {
+		t.Errorf("Ready = %v, %q", ok, reason)
+	}
+	// The primary moves to a version the plugin speaks: the entry goes in.
+	writeFile(t, primary, `{"name":"x","cniVersion":"0.3.1","plugins":[{"type":"bridge"}]}`)
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+}
+
+// The versions the agent accepts are the plugin's, and a conflist with "cniVersions" counts by
+// the version the runtime picks from it.
+func TestCheckCNIVersion(t *testing.T) {
+	for conf, ok := range map[string]bool{
+		`{"name":"x","cniVersion":"0.3.0","plugins":[{"type":"bridge"}]}`:                         true,
+		`{"name":"x","cniVersion":"1.1.0","plugins":[{"type":"bridge"}]}`:                         true,
+		`{"name":"x","cniVersion":"0.2.0","plugins":[{"type":"bridge"}]}`:                         false,
+		`{"name":"x","plugins":[{"type":"bridge"}]}`:                                              false,
+		`{"name":"x","cniVersions":["0.2.0","1.0.0"],"plugins":[{"type":"bridge"}]}`:              true,
+		`{"name":"x","cniVersion":"0.1.0","cniVersions":["0.2.0"],"plugins":[{"type":"bridge"}]}`: false,
+	} {
+		list, err := libcni.ConfListFromBytes([]byte(conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nodeagent.CheckCNIVersion(list); (err == nil) != ok {
+			t.Errorf("%s: CheckCNIVersion = %v, want ok %v", conf, err, ok)
+		}
 	}
 }
 
@@ -618,6 +679,47 @@ func TestUninstall(t *testing.T) {
 	// Uninstalling twice is fine.
 	if err := a.Uninstall(context.Background()); err != nil {
 		t.Errorf("second Uninstall: %v", err)
+	}
+}
+
+// Issue 15.3: when an entry cannot be removed, the binary, kubeconfig and token it needs stay:
+// without them every ADD on the node fails with "plugin not found".
+func TestUninstallKeepsWhatARemainingEntryNeeds(t *testing.T) {
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	a := e.agent(t)
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// A list that holds only detour entries: removing them would leave no plugin, so the
+	// agent refuses (as it fails on a read-only or immutable file).
+	stuck := filepath.Join(e.confDir, "20-stuck.conflist")
+	writeFile(t, stuck, `{"name":"stuck","cniVersion":"1.0.0","plugins":[{"type":"detour-cni"}]}`)
+	err := a.Uninstall(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "20-stuck.conflist") || !strings.Contains(err.Error(), "kept") {
+		t.Fatalf("Uninstall = %v, want the stuck entry reported and the files kept", err)
+	}
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"calico", "portmap"}) {
+		t.Errorf("the removable entry stays: %v", types)
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s removed while an entry remains: %v", f, err)
+		}
+	}
+	if ok, reason := a.Ready(); ok || !strings.Contains(reason, "uninstall failed") {
+		t.Errorf("Ready = %v, %q", ok, reason)
+	}
+	// Fixed, the next attempt finishes the job.
+	os.Remove(stuck)
+	if err := a.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s not removed: %v", f, err)
+		}
 	}
 }
 

@@ -65,6 +65,37 @@ func (n *nodeReadiness) unlabel(ctx context.Context) error {
 	})
 }
 
+// EventReason is the reason of the Warning Event the agent records on its node when it refuses
+// to chain detour-cni into the primary configuration.
+const EventReason = "DetourCNIRefused"
+
+// event records a Warning Event on the node (namespace default, where node events live; `kubectl
+// describe node` shows it). It reads the node for its UID, which describe matches on.
+func (n *nodeReadiness) event(ctx context.Context, reason, msg string) error {
+	node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get node %s: %w", n.name, err)
+	}
+	now := metav1.Now()
+	ev := &corev1.Event{
+		ObjectMeta:          metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", n.name, now.UnixNano()), Namespace: metav1.NamespaceDefault},
+		InvolvedObject:      corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: n.name, UID: node.UID},
+		Reason:              reason,
+		Message:             msg,
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: "detour-install-cni", Host: n.name},
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+		ReportingController: "detour.dev/install-cni",
+		ReportingInstance:   "detour-install-cni-" + n.name,
+	}
+	if _, err := n.client.CoreV1().Events(metav1.NamespaceDefault).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("record an event on node %s: %w (the agent's service account needs create on events)", n.name, err)
+	}
+	return nil
+}
+
 func (n *nodeReadiness) patch(ctx context.Context, patch map[string]any) error {
 	b, err := json.Marshal(patch)
 	if err != nil {

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
 )
 
@@ -46,6 +48,9 @@ type Agent struct {
 	debounce time.Duration
 	now      func() time.Time
 	fraction float64
+
+	// labelRemoved: the ready label is known to be off the node (set by the reconcile only).
+	labelRemoved bool
 
 	mu     sync.Mutex
 	status Status
@@ -109,8 +114,10 @@ func New(cfg Config, opts ...Option) *Agent {
 type Status struct {
 	// Primary is the runtime's network configuration file, empty while there is none.
 	Primary string
-	// ConfigInPlace: the primary holds detour's entry, the binary and kubeconfig exist, and the
-	// plugin's token is written (and, when requested for its own service account, unexpired).
+	// EntryInPlace: the primary holds detour's entry and the binary is installed.
+	EntryInPlace bool
+	// ConfigInPlace: the entry is in place, the kubeconfig exists, and the plugin's token is
+	// written (and, when requested for its own service account, unexpired).
 	ConfigInPlace bool
 	// NodeReady: the startup taint is gone and the ready label set (always false without a
 	// node client).
@@ -201,6 +208,58 @@ func (a *Agent) Reconcile(ctx context.Context) (Status, error) {
 }
 
 func (a *Agent) reconcile(ctx context.Context) (Status, error) {
+	s, err := a.reconcileFiles(ctx)
+	if a.node == nil {
+		return s, err
+	}
+	prev := a.Status()
+	switch {
+	case err == nil && s.ConfigInPlace:
+		// The node is read and patched when the config comes into place, not on every
+		// resync: a GET per node every few seconds would add up on a large cluster.
+		if !prev.NodeReady {
+			patched, err := a.node.markReady(ctx)
+			if err != nil {
+				return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
+			}
+			if patched {
+				a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
+			}
+		}
+		a.labelRemoved = false
+		s.NodeReady = true
+	case !s.EntryInPlace:
+		// The label follows the entry after the first readiness too (a reboot where the primary
+		// writes its file first, a refused primary, an operator's mistake): repair's gate and
+		// workloads' node selectors must not trust a node whose pods get no redirect.
+		if !a.labelRemoved {
+			removed, uerr := a.node.unmarkReady(ctx)
+			if uerr != nil {
+				return s, errors.Join(err, fmt.Errorf("remove node %s's ready label: %w", a.node.name, uerr))
+			}
+			if removed {
+				a.log.Warn("removed the node's ready label: detour's entry is not in place", "node", a.node.name, "label", annotations.CNIReadyLabel, "reason", cmp.Or(errString(err), s.Reason))
+			}
+			a.labelRemoved = true
+		}
+	default:
+		// The entry is in place but the plugin's kubeconfig or token is not: pods whose
+		// annotations come from the runtime get their redirect, the others fail closed and are
+		// retried, so no pod starts without its redirect. The label stays as it was.
+		s.NodeReady = prev.NodeReady
+	}
+	return s, err
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// reconcileFiles is the file part of Reconcile: the binary, the kubeconfig and token, the entry.
+func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	var s Status
 	primary, err := Primary(a.cfg.ConfDir)
 	if err != nil {
@@ -238,40 +297,24 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 	} else if wrote {
 		a.log.Info("installed the plugin binary", "path", a.binary.dest, "source", a.binary.source)
 	}
-	// An expired plugin token (its renewal failing for its whole lifetime) leaves the agent not
-	// ready but still keeping the entry in place: the plugin reads most pods' annotations from
-	// the runtime and needs no token for them.
-	wrote, expires, tokenErr := a.ensureKubeconfig(ctx)
-	if _, expired := errors.AsType[*tokenExpiredError](tokenErr); tokenErr != nil && !expired {
-		return s, tokenErr
-	}
+	// The entry never waits for the API: a plugin token that cannot be requested (the API
+	// server unreachable after a reboot, RBAC missing) or that expired leaves the agent not
+	// ready, but the entry goes back in place. Pods whose annotations come from the runtime
+	// need no token, the kubeconfig and token an earlier agent wrote stay in place and keep
+	// working until they expire, and any other pod fails closed and is retried.
+	wrote, expires, kubeconfigErr := a.ensureKubeconfig(ctx)
 	if wrote {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}
 	s.PluginTokenExpires = expires
 	if s.Primary, err = a.ensureEntry(primary, data); err != nil {
-		return s, err
+		return s, errors.Join(err, kubeconfigErr)
 	}
-	if tokenErr != nil {
-		return s, tokenErr
+	s.EntryInPlace = true
+	if kubeconfigErr != nil {
+		return s, kubeconfigErr
 	}
 	s.ConfigInPlace = true
-
-	if a.node == nil {
-		return s, nil
-	}
-	// The node is read and patched when the config comes into place, not on every resync: a
-	// GET per node every few seconds would add up on a large cluster.
-	if !a.Status().NodeReady {
-		patched, err := a.node.markReady(ctx)
-		if err != nil {
-			return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
-		}
-		if patched {
-			a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
-		}
-	}
-	s.NodeReady = true
 	return s, nil
 }
 

@@ -780,17 +780,37 @@ func TestNodeReadiness(t *testing.T) {
 	if _, err := a.Reconcile(context.Background()); err != nil || len(patches) != 2 || len(client.Actions()) != gets+len(patches) {
 		t.Errorf("a resync of a ready node called the API: %v, %v", client.Actions(), err)
 	}
-	// The config goes away and comes back: the node is checked again.
+	// Issue 15.4: the config goes away after the first readiness (a reboot where the primary
+	// writes its file first, an operator's mistake): the label follows, once; the taint is
+	// not put back.
 	os.Remove(filepath.Join(e.confDir, "10-calico.conflist"))
-	if s, _ := a.Reconcile(context.Background()); s.NodeReady || s.ConfigInPlace {
-		t.Errorf("status without config %+v", s)
+	for range 3 {
+		if s, _ := a.Reconcile(context.Background()); s.NodeReady || s.ConfigInPlace {
+			t.Errorf("status without config %+v", s)
+		}
+	}
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if _, ok := got.Labels[annotations.CNIReadyLabel]; ok || got.Labels["zone"] != "a" || len(got.Spec.Taints) != 1 {
+		t.Errorf("without the config: labels %v taints %v; want the ready label gone, the rest kept", got.Labels, got.Spec.Taints)
+	}
+	if len(patches) != 3 {
+		t.Errorf("patches %v: want one removing the label, not one per resync", patches)
+	}
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz without the config = %d %s", rec.Code, rec.Body)
 	}
 	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
 	before := len(client.Actions())
-	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady || len(client.Actions()) != before+1 {
-		t.Errorf("config back: %+v, %v, %d new API calls (want one get)", s, err, len(client.Actions())-before)
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady || len(client.Actions()) != before+2 {
+		t.Errorf("config back: %+v, %v, %d new API calls (want a get and a patch)", s, err, len(client.Actions())-before)
 	}
-	rec := httptest.NewRecorder()
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Labels[annotations.CNIReadyLabel] != "true" {
+		t.Errorf("config back: labels %v", got.Labels)
+	}
+	rec = httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 200 {
 		t.Errorf("/readyz = %d %s", rec.Code, rec.Body)

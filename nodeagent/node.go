@@ -58,6 +58,20 @@ func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
 	return patched, err
 }
 
+// unmarkReady removes the ready label when the node carries it (one GET; a patch only then).
+// It never adds the startup taint back (docs/node-agent.md says why). It reports whether it
+// patched.
+func (n *nodeReadiness) unmarkReady(ctx context.Context) (bool, error) {
+	node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+	if err != nil {
+		return false, fmt.Errorf("get node %s: %w (the agent's service account needs get and patch on nodes)", n.name, err)
+	}
+	if _, ok := node.Labels[annotations.CNIReadyLabel]; !ok {
+		return false, nil
+	}
+	return true, n.unlabel(ctx)
+}
+
 // unlabel removes the ready label (uninstall). The taint is not put back: detour never adds it.
 func (n *nodeReadiness) unlabel(ctx context.Context) error {
 	return n.patch(ctx, map[string]any{

@@ -278,7 +278,7 @@ func (p *Plugin) add(c *call) error {
 	if err == nil && len(rulesets) > 0 {
 		exec := p.NewExecutor(c.conf)
 		if err = exec.Apply(context.Background(), c.args.Netns, rulesets...); err != nil {
-			err = fmt.Errorf("pod %s: install the redirect: %w; check that the node's iptables works (docs/troubleshooting.md)", c.pod, err)
+			err = redirectError(c.pod, err)
 		} else {
 			c.decision = "redirected"
 		}
@@ -287,6 +287,15 @@ func (p *Plugin) add(c *call) error {
 		return err
 	}
 	return c.conf.PrevResult.PrintTo(p.Stdout)
+}
+
+// redirectError is the CNI error for a failed Apply: "try again later" (code 11) when another
+// program held the xtables lock for longer than the tools wait, an internal error otherwise.
+func redirectError(pod podRef, err error) error {
+	if iptables.IsLockTimeout(err) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod %s: install the redirect: %v; another program on the node held the xtables lock, the kubelet retries the sandbox", pod, err), "")
+	}
+	return fmt.Errorf("pod %s: install the redirect: %w; check that the node's iptables works (docs/troubleshooting.md)", pod, err)
 }
 
 // rulesFor decides whether the pod gets detour's rules and builds them, one ruleset per

@@ -345,3 +345,18 @@ func TestLogFileRotates(t *testing.T) {
 		t.Errorf("files %v, want the log and one rotated file", entries)
 	}
 }
+
+// Issue 15.11: an xtables lock timeout is CNI's "try again later" (11), not an internal error.
+func TestRedirectErrorLockTimeout(t *testing.T) {
+	pod := podRef{Namespace: "shop", Name: "web"}
+	lock := fmt.Errorf("apply ipv4 rules in /x: legacy backend: %w", &iptables.ExecError{Name: "iptables-legacy-restore", Args: []string{"--noflush", "-w", "5"},
+		Err: errors.New("exit status 4"), Stderr: "Another app is currently holding the xtables lock. Stopped waiting after 5s."})
+	var cniErr *types.Error
+	if err := redirectError(pod, lock); !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "xtables lock") {
+		t.Errorf("lock timeout = %#v, want code %d", err, types.ErrTryAgainLater)
+	}
+	other := &iptables.ExecError{Name: "iptables-legacy-restore", Err: errors.New("exit status 2"), Stderr: "line 3 failed"}
+	if err := redirectError(pod, other); errors.As(err, &cniErr) {
+		t.Errorf("another failure = %v, want an internal error", err)
+	}
+}

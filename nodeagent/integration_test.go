@@ -164,7 +164,7 @@ func TestIntegrationInstallCNICommand(t *testing.T) {
 	if hasStartupTaint(got) || got.Labels[annotations.CNIReadyLabel] != "true" {
 		t.Errorf("ready probe passes but the node is %v %v", got.Spec.Taints, got.Labels)
 	}
-	if !strings.Contains(readFile(t, primary), `"istio-system"`) || !strings.Contains(readFile(t, primary), `"logLevel": "debug"`) {
+	if !strings.Contains(readFile(t, primary), `"istio-system"`) || !strings.Contains(readFile(t, primary), `"logLevel":"debug"`) {
 		t.Errorf("flags not in the entry:\n%s", readFile(t, primary))
 	}
 

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -51,6 +52,8 @@ type Agent struct {
 
 	// labelRemoved: the ready label is known to be off the node (set by the reconcile only).
 	labelRemoved bool
+	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
+	beforeReplace func()
 
 	mu     sync.Mutex
 	status Status
@@ -91,6 +94,8 @@ func New(cfg Config, opts ...Option) *Agent {
 		now:      time.Now,
 		fraction: DefaultTokenRefreshFraction,
 		status:   Status{Reason: "starting"},
+
+		beforeReplace: func() {},
 	}
 	for _, o := range opts {
 		o(a)
@@ -283,10 +288,18 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	if err := checkPluginDir(a.cfg.ConfDir, list); err != nil {
 		return s, err
 	}
+	// A primary that is a symlink is edited through it: the file the primary keeps updating.
+	file, err := a.editable(primary)
+	if err != nil {
+		return s, err
+	}
+	if filepath.Ext(primary) != ".conflist" && file != primary {
+		return s, &refusedError{fmt.Sprintf("%s is a symlink to a single-plugin configuration: detour would have to replace it with a .conflist, and the primary's later updates to %s would be ignored; make the primary write a .conflist, or replace the link with the file", primary, file)}
+	}
 	if err := checkVersion(primary, list); err != nil {
 		// Chained into a version the plugin does not speak, detour's entry would fail every
 		// ADD on the node, injected pods or not: take it out if an earlier agent put it there.
-		if rerr := a.removeEntry(primary, data); rerr != nil {
+		if rerr := a.removeEntry(primary, file, data); rerr != nil {
 			return s, errors.Join(err, rerr)
 		}
 		return s, err
@@ -307,7 +320,7 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}
 	s.PluginTokenExpires = expires
-	if s.Primary, err = a.ensureEntry(primary, data); err != nil {
+	if s.Primary, err = a.ensureEntry(primary, file, data); err != nil {
 		return s, errors.Join(err, kubeconfigErr)
 	}
 	s.EntryInPlace = true
@@ -344,6 +357,49 @@ func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
 	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\" or set \"loadOnlyInlinedPlugins\": true", list.Name, pluginDir)
 }
 
+// editable returns the file to edit for the configuration at path: path itself or, when it is
+// a symlink, the file it leads to. The primary keeps updating that file; replacing the link with
+// a file of the agent's would make the runtime ignore those updates for good. A link whose
+// target is not inside the CNI config directory as the agent's container sees it (an absolute
+// host path elsewhere, a relative one that leaves the directory) is refused: the agent cannot
+// edit what is not mounted. An absolute target in the host's CNI config directory is followed
+// through the mount.
+func (a *Agent) editable(path string) (string, error) {
+	cur := path
+	for range 8 {
+		st, err := os.Lstat(cur)
+		if err != nil {
+			return "", fmt.Errorf("inspect %s: %w", cur, err)
+		}
+		if st.Mode()&fs.ModeSymlink == 0 {
+			return cur, nil
+		}
+		target, err := os.Readlink(cur)
+		if err != nil {
+			return "", fmt.Errorf("read the symlink %s: %w", cur, err)
+		}
+		next := target
+		switch {
+		case !filepath.IsAbs(target):
+			next = filepath.Join(filepath.Dir(cur), target)
+		case within(a.cfg.HostConfDir, target):
+			rel, _ := filepath.Rel(a.cfg.HostConfDir, target)
+			next = filepath.Join(a.cfg.ConfDir, rel)
+		}
+		if !within(a.cfg.ConfDir, next) {
+			return "", &refusedError{fmt.Sprintf("%s is a symlink to %s, outside the CNI config directory %s that the agent's container sees: detour cannot add its entry there; point the link at a file in the directory, or have the primary write the file itself", path, target, a.cfg.HostConfDir)}
+		}
+		cur = next
+	}
+	return "", &refusedError{fmt.Sprintf("%s is a chain of more than 8 symlinks", path)}
+}
+
+// within reports whether path is inside dir (both clean and absolute).
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
 // refusedError is a primary configuration the agent will not chain into, with what to do. The
 // agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
 type refusedError struct{ msg string }
@@ -377,11 +433,13 @@ func checkVersion(primary string, list *libcni.NetworkConfigList) error {
 	return nil
 }
 
-// removeEntry takes detour's entries out of the conflist primary (holding data), if it has any.
-func (a *Agent) removeEntry(primary string, data []byte) error {
+// removeEntry takes detour's entries out of the conflist primary (holding data, in file), if it
+// has any.
+func (a *Agent) removeEntry(primary, file string, data []byte) error {
 	if filepath.Ext(primary) != ".conflist" || !hasEntry(data) {
 		return nil
 	}
+	primary = file
 	out, changed, err := RemoveEntries(data)
 	if err != nil {
 		return fmt.Errorf("remove detour's entry from %s: %w", primary, err)
@@ -408,57 +466,129 @@ func fileMode(path string) fs.FileMode {
 // <name>.conflist, written first, and the original is removed, so the directory holds one
 // configuration for the network and the runtime loads the new file: "x.conf" sorts right
 // before "x.conflist".
-func (a *Agent) ensureEntry(primary string, data []byte) (string, error) {
+//
+// A primary that rewrites its file in place (truncate and write, no rename) may do so between
+// the agent's last look and its rename: the write lands in the file the rename replaced and
+// would be lost. The agent keeps that file open across the rename and reads it again after:
+// when it changed, it adds the entry to that newer version.
+//
+// file is where primary's content lives: primary itself, or the file its symlink leads to.
+func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 	// The binary and the token may have taken a while since data was read: never write back
 	// an old copy over the primary's newer one (its change would be lost for good, since the
 	// next reconcile would find detour's entry in place).
-	if now, err := os.ReadFile(primary); err != nil || !bytes.Equal(now, data) {
-		return primary, fmt.Errorf("%s changed while detour's entry was being prepared; trying again", primary)
+	changed := fmt.Errorf("%s changed while detour's entry was being prepared; trying again", primary)
+	f, err := os.Open(file)
+	if err != nil {
+		return primary, changed
 	}
-	mode := fs.FileMode(0o644)
-	if st, err := os.Stat(primary); err == nil {
-		mode = st.Mode().Perm()
+	defer f.Close()
+	if now, err := readAt(f); err != nil || !bytes.Equal(now, data) {
+		return primary, changed
 	}
+	mode := fileMode(file)
+	for attempt := 1; ; attempt++ {
+		holder, wrote, err := a.putEntry(primary, file, data, mode)
+		if err != nil || !wrote {
+			return holder, err
+		}
+		newer, err := writtenMeanwhile(f, primary, data)
+		if err != nil || newer == nil {
+			return holder, err
+		}
+		if attempt == 3 {
+			return holder, fmt.Errorf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)
+		}
+		a.log.Warn("the primary rewrote its configuration in place while detour replaced the file; adding the entry to its new version", "file", primary)
+		data = newer
+	}
+}
+
+// putEntry writes data with detour's entry: into file (primary, or its symlink's target) when
+// primary is a conflist, else into the conflist converted from it (removing primary). It
+// reports the file that holds the entry and whether it wrote.
+func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (string, bool, error) {
 	if filepath.Ext(primary) == ".conflist" {
 		out, changed, err := InsertEntry(data, a.cfg.Entry)
 		if err != nil {
-			return primary, fmt.Errorf("add detour's entry to %s: %w", primary, err)
+			return file, false, fmt.Errorf("add detour's entry to %s: %w", file, err)
 		}
-		if changed {
-			if _, err := writeFileAtomic(primary, out, mode); err != nil {
-				return primary, err
-			}
-			a.log.Info("added detour's entry to the primary CNI configuration", "file", primary)
+		if !changed {
+			return file, false, nil
 		}
-		return primary, nil
+		a.beforeReplace()
+		if _, err := writeFileAtomic(file, out, mode); err != nil {
+			return file, false, err
+		}
+		a.log.Info("added detour's entry to the primary CNI configuration", "file", file)
+		return file, true, nil
 	}
 
 	target := strings.TrimSuffix(primary, filepath.Ext(primary)) + ".conflist"
 	if existing, err := os.ReadFile(target); err == nil {
 		// Overwrite only a list this agent made from the same network earlier.
 		if !hasEntry(existing) {
-			return primary, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
+			return primary, false, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
 		}
 	}
 	list, err := ConvertConf(data)
 	if err != nil {
-		return primary, fmt.Errorf("convert %s into a conflist: %w", primary, err)
+		return primary, false, fmt.Errorf("convert %s into a conflist: %w", primary, err)
 	}
 	out, _, err := InsertEntry(list, a.cfg.Entry)
 	if err != nil {
-		return primary, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
+		return primary, false, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
 	}
+	a.beforeReplace()
 	if _, err := writeFileAtomic(target, out, mode); err != nil {
-		return primary, err
+		return primary, false, err
 	}
 	if _, err := removeFile(primary); err != nil {
-		return primary, err
+		return primary, false, err
 	}
 	a.log.Info("converted the primary CNI configuration into a conflist with detour's entry", "from", primary, "to", target)
 	if now, err := Primary(a.cfg.ConfDir); err == nil && now != target {
-		return target, fmt.Errorf("converted %s into %s, but the runtime now loads %s first", primary, target, now)
+		return target, true, fmt.Errorf("converted %s into %s, but the runtime now loads %s first", primary, target, now)
 	}
-	return target, nil
+	return target, true, nil
+}
+
+// writtenMeanwhile reads f — the primary's file as it was before the agent replaced or removed
+// it — again: nil when it still holds data; its new content when the primary wrote to it in
+// place meanwhile, once that is a configuration the runtime could load (a writer half-way is
+// given up to a second).
+func writtenMeanwhile(f *os.File, path string, data []byte) ([]byte, error) {
+	deadline := time.Now().Add(time.Second)
+	for {
+		now, err := readAt(f)
+		if err != nil {
+			return nil, fmt.Errorf("read %s again after replacing it: %w", path, err)
+		}
+		if bytes.Equal(now, data) {
+			return nil, nil
+		}
+		if _, err := loadNetwork(path, now); err == nil {
+			return now, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s was rewritten in place while detour replaced it, and its new content is not a valid configuration after a second: that version of the primary's file is lost; have the primary write it again", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readAt reads all of f from its start.
+func readAt(f *os.File) ([]byte, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, st.Size())
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return buf[:n], nil
 }
 
 // hasEntry reports whether a conflist holds any detour entry.
@@ -645,8 +775,13 @@ func (a *Agent) removeAllEntries() error {
 			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 			continue
 		}
+		target, err := a.editable(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
+			continue
+		}
 		if changed {
-			if _, err := writeFileAtomic(f, out, fileMode(f)); err != nil {
+			if _, err := writeFileAtomic(target, out, fileMode(target)); err != nil {
 				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 				continue
 			}

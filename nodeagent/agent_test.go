@@ -974,3 +974,74 @@ func TestEntryParsedByPlugin(t *testing.T) {
 		t.Errorf("the plugin reads %+v", pc)
 	}
 }
+
+// Issue 15.8: a primary conflist that is a symlink stays one: the agent edits the file it leads
+// to, which the primary keeps updating (replacing the link would make the runtime ignore those
+// updates); uninstall does the same. A target the agent cannot reach, or a linked .conf it would
+// have to replace, is refused with a message.
+func TestSymlinkedPrimary(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(filepath.Join(e.confDir, "calico"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(e.confDir, "calico", "k8s.conflist.real")
+	writeFile(t, target, calico)
+	link := filepath.Join(e.confDir, "10-calico.conflist")
+	if err := os.Symlink("calico/k8s.conflist.real", link); err != nil {
+		t.Fatal(err)
+	}
+	a := e.agent(t)
+	isLink := func() bool { st, err := os.Lstat(link); return err == nil && st.Mode()&os.ModeSymlink != 0 }
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+	if !isLink() {
+		t.Fatal("the primary's symlink was replaced by a file")
+	}
+	if types := pluginTypes(t, readFile(t, target)); !slices.Equal(types, []string{"calico", "portmap", "detour-cni"}) {
+		t.Errorf("target plugins %v", types)
+	}
+	// The primary updates its target: the entry goes back into it.
+	writeFile(t, target, strings.Replace(calico, `"snat": true`, `"snat": false`, 1))
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, link); !strings.Contains(got, `"snat": false`) || !strings.Contains(got, `"type":"detour-cni"`) || !isLink() {
+		t.Errorf("after the primary's update (link %v):\n%s", isLink(), got)
+	}
+	if err := a.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if types := pluginTypes(t, readFile(t, target)); !slices.Equal(types, []string{"calico", "portmap"}) || !isLink() {
+		t.Errorf("after uninstall: target plugins %v, link %v", types, isLink())
+	}
+
+	for name, tc := range map[string]struct{ link, target, want string }{
+		"outside":     {"10-a.conflist", "/elsewhere/a.conflist", "outside the CNI config directory"},
+		"leaves":      {"10-b.conflist", "../b.conflist", "outside the CNI config directory"},
+		"linked conf": {"10-c.conf", "c.real", "symlink to a single-plugin configuration"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			writeFile(t, filepath.Join(e.confDir, "c.real"), `{"name":"c","cniVersion":"1.0.0","type":"bridge"}`)
+			writeFile(t, filepath.Join(filepath.Dir(e.confDir), "b.conflist"), `{"name":"b","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`)
+			if err := os.Symlink(tc.target, filepath.Join(e.confDir, tc.link)); err != nil {
+				t.Fatal(err)
+			}
+			if name == "outside" {
+				// A valid target for the runtime's loader: the agent's container sees another path.
+				os.Remove(filepath.Join(e.confDir, tc.link))
+				real := filepath.Join(t.TempDir(), "a.conflist")
+				writeFile(t, real, `{"name":"a","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`)
+				os.Symlink(real, filepath.Join(e.confDir, tc.link))
+			}
+			s, err := e.agent(t).Reconcile(context.Background())
+			if err == nil || !strings.Contains(err.Error(), tc.want) || s.EntryInPlace {
+				t.Errorf("Reconcile = %+v, %v; want a refusal with %q", s, err, tc.want)
+			}
+			if st, err := os.Lstat(filepath.Join(e.confDir, tc.link)); err != nil || st.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("the link was replaced: %v", err)
+			}
+		})
+	}
+}

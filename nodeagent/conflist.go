@@ -170,8 +170,12 @@ func editPlugins(conflist []byte, drop func(json.RawMessage) bool, entry []byte)
 	var b bytes.Buffer
 	b.Write(conflist[:list.start+1]) // up to and with "["
 	sep := []byte(", ")
-	if n := len(plugins); n > 1 {
+	switch n := len(plugins); {
+	case n > 1:
 		sep = conflist[plugins[n-2].end:plugins[n-1].start] // as the file separates its plugins
+	case n == 1 && plugins[0].start > list.start+1:
+		// One plugin: put the entry on a line of its own when the plugin has one.
+		sep = append([]byte(","), conflist[list.start+1:plugins[0].start]...)
 	}
 	tail := conflist[list.end-1 : list.end] // "]", and before it what followed the last plugin
 	if n := len(plugins); n > 0 {

@@ -337,6 +337,9 @@ func TestIntegrationRBAC(t *testing.T) {
 		{sa: "detour-node-agent", verb: "create", resource: "serviceaccounts", sub: "token", name: "detour-webhook", ns: ns, allowed: false},
 		{sa: "detour-node-agent", verb: "get", resource: "secrets", ns: ns, allowed: false},
 		{sa: "detour-node-agent", verb: "delete", resource: "nodes", allowed: false},
+		{sa: "detour-node-agent", verb: "get", resource: "daemonsets", name: "detour-node-agent", ns: ns, allowed: true},
+		{sa: "detour-node-agent", verb: "get", resource: "daemonsets", name: "other", ns: ns, allowed: false},
+		{sa: "detour-node-agent", verb: "delete", resource: "daemonsets", name: "detour-node-agent", ns: ns, allowed: false},
 		{sa: "detour-webhook", verb: "list", resource: "namespaces", allowed: true},
 		{sa: "detour-webhook", verb: "create", resource: "pods", ns: "shop", allowed: false},
 		{sa: "detour-webhook", verb: "update", resource: "pods", ns: "shop", allowed: false},
@@ -352,8 +355,11 @@ func TestIntegrationRBAC(t *testing.T) {
 		{sa: "detour-cni", verb: "get", resource: "secrets", ns: ns, allowed: false},
 	} {
 		group := ""
-		if c.resource == "mutatingwebhookconfigurations" {
+		switch c.resource {
+		case "mutatingwebhookconfigurations":
 			group = "admissionregistration.k8s.io"
+		case "daemonsets":
+			group = "apps"
 		}
 		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 			User:   "system:serviceaccount:" + ns + ":" + c.sa,

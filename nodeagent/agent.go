@@ -54,6 +54,8 @@ type Agent struct {
 	labelRemoved bool
 	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
 	beforeReplace func()
+	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
+	owner *ownDaemonSet
 
 	mu     sync.Mutex
 	status Status
@@ -76,6 +78,17 @@ func WithClock(now func() time.Time) Option { return func(a *Agent) { a.now = no
 // WithTokenRefreshFraction sets the part of the plugin token's lifetime after which the agent
 // requests the next one (default [DefaultTokenRefreshFraction]; tests shorten it).
 func WithTokenRefreshFraction(f float64) Option { return func(a *Agent) { a.fraction = f } }
+
+// WithOwnPod names the agent's own pod (downward API). At SIGTERM the agent then looks at the
+// DaemonSet that runs it, and uninstalls detour from the node when that is being deleted (helm
+// uninstall); a rollout or a drain leaves everything in place. It needs WithNodeClient.
+func WithOwnPod(namespace, name string) Option {
+	return func(a *Agent) {
+		if namespace != "" && name != "" {
+			a.owner = &ownDaemonSet{namespace: namespace, pod: name}
+		}
+	}
+}
 
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
@@ -610,7 +623,8 @@ func hasEntry(conflist []byte) bool {
 // event was missed, and when the plugin's requested token is due for refresh, for a retry, or
 // expires. Each reconcile writes only what differs, so the agent's own writes cause one more
 // reconcile that writes nothing: there is no write loop. Run returns when ctx ends and leaves
-// everything in place (a rollout must not open a window without the plugin).
+// everything in place (a rollout must not open a window without the plugin) — unless, with
+// WithOwnPod, the agent's DaemonSet is being deleted: then it uninstalls first.
 func (a *Agent) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -641,6 +655,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	token.Stop()
 	defer token.Stop()
 	reconcile := func() {
+		a.resolveOwner(ctx)
 		a.reconcileAndLog(ctx)
 		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry. A time
 		// already past means this reconcile stopped before the token (no primary yet, say):
@@ -658,7 +673,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			a.log.Info("stopping; detour's CNI configuration stays in place")
+			a.stopping()
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {

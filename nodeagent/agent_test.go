@@ -1045,3 +1045,30 @@ func TestSymlinkedPrimary(t *testing.T) {
 		})
 	}
 }
+
+// Issue 15.4: the ready label carries the boot it holds for; after a reboot the agent, started
+// again, marks the new boot (readers tell a stale label by the boot ID).
+func TestNodeReadinessMarksTheBoot(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: "boot-1"}}}
+	client := fake.NewClientset(node)
+	e := newEnv(t)
+	e.flags.NodeName = "node-1"
+	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
+	if _, err := e.agent(t, nodeagent.WithNodeClient(client)).Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Labels[annotations.CNIReadyLabel] != "true" || got.Annotations[annotations.CNIReadyBootAnnotation] != "boot-1" {
+		t.Fatalf("labels %v annotations %v", got.Labels, got.Annotations)
+	}
+	// Reboot: the kubelet reports a new boot ID; the label is still there.
+	got.Status.NodeInfo.BootID = "boot-2"
+	client.CoreV1().Nodes().Update(context.Background(), got, metav1.UpdateOptions{})
+	if _, err := e.agent(t, nodeagent.WithNodeClient(client)).Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Annotations[annotations.CNIReadyBootAnnotation] != "boot-2" {
+		t.Errorf("after the reboot: annotations %v, want boot-2", got.Annotations)
+	}
+}

@@ -22,8 +22,8 @@ type nodeReadiness struct {
 	taint  string
 }
 
-// markReady removes every taint with the startup key (any effect) and sets the ready label, in
-// one merge patch that carries the node's resourceVersion: if the node changed since it was
+// markReady removes every taint with the startup key (any effect) and sets the ready label and
+// the boot ID it holds for (annotations.CNIReadyBootAnnotation), in one merge patch that carries the node's resourceVersion: if the node changed since it was
 // read (another controller edited its taints), the API server refuses it and it is retried on
 // a fresh read, so no one else's change is lost. It reports whether it patched.
 func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
@@ -39,16 +39,20 @@ func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
 				taints = append(taints, t)
 			}
 		}
-		if len(taints) == len(node.Spec.Taints) && node.Labels[annotations.CNIReadyLabel] == "true" {
+		boot := node.Status.NodeInfo.BootID
+		if len(taints) == len(node.Spec.Taints) && node.Labels[annotations.CNIReadyLabel] == "true" &&
+			(boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot) {
 			return nil
 		}
-		patch := map[string]any{
-			"metadata": map[string]any{
-				"resourceVersion": node.ResourceVersion,
-				"labels":          map[string]any{annotations.CNIReadyLabel: "true"},
-			},
-			"spec": map[string]any{"taints": taints},
+		meta := map[string]any{
+			"resourceVersion": node.ResourceVersion,
+			"labels":          map[string]any{annotations.CNIReadyLabel: "true"},
 		}
+		if boot != "" {
+			// This boot's readiness: a label left from before a reboot is told apart by it.
+			meta["annotations"] = map[string]any{annotations.CNIReadyBootAnnotation: boot}
+		}
+		patch := map[string]any{"metadata": meta, "spec": map[string]any{"taints": taints}}
 		if err := n.patch(ctx, patch); err != nil {
 			return err
 		}
@@ -75,7 +79,10 @@ func (n *nodeReadiness) unmarkReady(ctx context.Context) (bool, error) {
 // unlabel removes the ready label (uninstall). The taint is not put back: detour never adds it.
 func (n *nodeReadiness) unlabel(ctx context.Context) error {
 	return n.patch(ctx, map[string]any{
-		"metadata": map[string]any{"labels": map[string]any{annotations.CNIReadyLabel: nil}},
+		"metadata": map[string]any{
+			"labels":      map[string]any{annotations.CNIReadyLabel: nil},
+			"annotations": map[string]any{annotations.CNIReadyBootAnnotation: nil},
+		},
 	})
 }
 

@@ -604,7 +604,10 @@ func (c *Controller) nodeReady(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read node %s: %w (the service account needs get on nodes)", c.cfg.NodeName, err)
 	}
-	ready := node.Labels[annotations.CNIReadyLabel] == "true"
+	// A label from before the node's last reboot is stale until the node agent, started again,
+	// has put detour's entry back and marked this boot (the kubelet reports the new boot ID).
+	boot := node.Status.NodeInfo.BootID
+	ready := node.Labels[annotations.CNIReadyLabel] == "true" && (boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot)
 	c.mu.Lock()
 	c.checkedAt = now
 	if ready {

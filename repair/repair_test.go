@@ -561,3 +561,28 @@ func TestOwnerBackoffSurvivesRestart(t *testing.T) {
 		t.Errorf("node annotation %q", node.Annotations[BackoffAnnotation])
 	}
 }
+
+// Issue 15.4: after a reboot the ready label is stale until the node agent has put detour's
+// entry back; the repair controller tells by the boot ID the label was set for.
+func TestSyncWaitsForThisBootsReadiness(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("web-1", rsOwner("web-7d9f")))
+	node, _ := f.client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	node.Annotations = map[string]string{annotations.CNIReadyBootAnnotation: "boot-1"}
+	node.Status.NodeInfo.BootID = "boot-2" // rebooted; the agent has not marked this boot yet
+	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	f.c.now = func() time.Time { return now }
+	if retry, err := f.sync(t, "web-1"); err != nil || retry <= 0 || len(f.actions("delete")) != 0 {
+		t.Fatalf("sync on a stale label = %v, %v, %d deletes; want a retry later", retry, err, len(f.actions("delete")))
+	}
+	node.Annotations[annotations.CNIReadyBootAnnotation] = "boot-2"
+	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(nodeCheckInterval)
+	if _, err := f.sync(t, "web-1"); err != nil || len(f.actions("delete")) != 1 {
+		t.Fatalf("sync once this boot is marked = %v, %d deletes", err, len(f.actions("delete")))
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -1070,5 +1071,35 @@ func TestNodeReadinessMarksTheBoot(t *testing.T) {
 	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
 	if got.Annotations[annotations.CNIReadyBootAnnotation] != "boot-2" {
 		t.Errorf("after the reboot: annotations %v, want boot-2", got.Annotations)
+	}
+}
+
+// Issue 15.3, as reported: the entry sits in an immutable file (chattr +i). Uninstall fails to
+// remove it and keeps the binary, kubeconfig and token that entry needs.
+func TestUninstallImmutableConflist(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to set the immutable attribute")
+	}
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	a := e.agent(t)
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+i", primary).CombinedOutput(); err != nil {
+		t.Skipf("cannot make the file immutable here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", primary).Run() })
+	if err := a.Uninstall(context.Background()); err == nil || !strings.Contains(err.Error(), "kept") {
+		t.Fatalf("Uninstall = %v, want the entry reported and the files kept", err)
+	}
+	if !slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni") {
+		t.Fatal("the immutable file lost its entry")
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s removed while the entry remains: %v", f, err)
+		}
 	}
 }

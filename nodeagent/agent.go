@@ -56,6 +56,9 @@ type Agent struct {
 	beforeReplace func()
 	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
 	owner *ownDaemonSet
+	// lastErr and lastErrAt are the reconcile error last logged, and when (Run only).
+	lastErr   string
+	lastErrAt time.Time
 
 	mu     sync.Mutex
 	status Status
@@ -722,14 +725,24 @@ func (a *Agent) removeStaleTemps() {
 	}
 }
 
+// errorRepeat is how often a reconcile error that stays the same is logged again: a refused
+// primary would otherwise log the same line at every resync.
+const errorRepeat = 5 * time.Minute
+
 func (a *Agent) reconcileAndLog(ctx context.Context) {
 	before := a.Status()
 	s, err := a.Reconcile(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:
-		a.log.Error("reconcile failed; retrying on the next change or resync", "err", err)
+		if msg := err.Error(); msg != a.lastErr || a.now().Sub(a.lastErrAt) >= errorRepeat {
+			a.log.Error("reconcile failed; retrying on the next change or resync", "err", err)
+			a.lastErr, a.lastErrAt = msg, a.now()
+		}
 	case err == nil && s.Reason != "" && s.Reason != before.Reason:
 		a.log.Info(s.Reason)
+	}
+	if err == nil {
+		a.lastErr = ""
 	}
 }
 

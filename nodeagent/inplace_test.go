@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // inPlaceEnv is an agent over a temporary node whose primary is path (content in), and a
@@ -88,5 +89,27 @@ func TestInPlaceWriteDuringConversion(t *testing.T) {
 	got, _ := os.ReadFile(strings.TrimSuffix(path, ".conf") + ".conflist")
 	if !strings.Contains(string(got), `"mtu": 9000`) || !strings.Contains(string(got), `"type":"detour-cni"`) {
 		t.Errorf("the primary's in-place write was lost:\n%s", got)
+	}
+}
+
+// A reconcile error that stays the same (a refused primary, at every resync) is logged once,
+// and again every errorRepeat, not every 10 seconds.
+func TestSameErrorLoggedOnce(t *testing.T) {
+	a, _, _ := inPlaceEnv(t, "10-k8s.conf", `{"name":"k8s","cniVersion":"0.2.0","type":"bridge"}`)
+	var log strings.Builder
+	a.log = slog.New(slog.NewTextHandler(&log, nil))
+	now := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	a.now = func() time.Time { return now }
+	for range 5 {
+		a.reconcileAndLog(context.Background())
+		now = now.Add(10 * time.Second)
+	}
+	if n := strings.Count(log.String(), "reconcile failed"); n != 1 {
+		t.Errorf("%d error lines in 5 resyncs, want 1:\n%s", n, log.String())
+	}
+	now = now.Add(errorRepeat)
+	a.reconcileAndLog(context.Background())
+	if n := strings.Count(log.String(), "reconcile failed"); n != 2 {
+		t.Errorf("%d error lines after %s, want 2", n, errorRepeat)
 	}
 }

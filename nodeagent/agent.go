@@ -249,6 +249,8 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 		}
 		a.labelRemoved = false
 		s.NodeReady = true
+	case !s.EntryInPlace && isRace(err):
+		s.NodeReady = prev.NodeReady // the next event retries at once: no label flapping
 	case !s.EntryInPlace:
 		// The label follows the entry after the first readiness too (a reboot where the primary
 		// writes its file first, a refused primary, an operator's mistake): repair's gate and
@@ -270,6 +272,11 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 		s.NodeReady = prev.NodeReady
 	}
 	return s, err
+}
+
+func isRace(err error) bool {
+	_, ok := errors.AsType[*raceError](err)
+	return ok
 }
 
 func errString(err error) string {
@@ -416,6 +423,12 @@ func within(dir, path string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
+// raceError is a write of the primary's that met the agent's: retried at once by the next
+// event, it does not make the node lose its ready label.
+type raceError struct{ msg string }
+
+func (e *raceError) Error() string { return e.msg }
+
 // refusedError is a primary configuration the agent will not chain into, with what to do. The
 // agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
 type refusedError struct{ msg string }
@@ -493,30 +506,57 @@ func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 	// The binary and the token may have taken a while since data was read: never write back
 	// an old copy over the primary's newer one (its change would be lost for good, since the
 	// next reconcile would find detour's entry in place).
-	changed := fmt.Errorf("%s changed while detour's entry was being prepared; trying again", primary)
+	changed := &raceError{fmt.Sprintf("%s changed while detour's entry was being prepared; trying again", primary)}
 	f, err := os.Open(file)
 	if err != nil {
 		return primary, changed
 	}
-	defer f.Close()
-	if now, err := readAt(f); err != nil || !bytes.Equal(now, data) {
+	// f is the file the next write replaces, and expect what it holds: after the write, any
+	// other content in f is a write of the primary's that the replacement would lose.
+	expect, err := readAt(f)
+	if err != nil || !bytes.Equal(expect, data) {
+		f.Close()
 		return primary, changed
 	}
 	mode := fileMode(file)
 	for attempt := 1; ; attempt++ {
 		holder, wrote, err := a.putEntry(primary, file, data, mode)
-		if err != nil || !wrote {
+		if err != nil || !wrote || f == nil {
+			if f != nil {
+				f.Close()
+			}
 			return holder, err
 		}
-		newer, err := writtenMeanwhile(f, primary, data)
+		newer, err := writtenMeanwhile(f, primary, expect)
+		f.Close()
 		if err != nil || newer == nil {
 			return holder, err
 		}
 		if attempt == 3 {
-			return holder, fmt.Errorf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)
+			// Give the primary's newest version back to the runtime as it wrote it; the next
+			// event (this write) adds the entry to it.
+			if _, err := writeFileAtomic(holder, newer, mode); err != nil {
+				return holder, err
+			}
+			return holder, &raceError{fmt.Sprintf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)}
 		}
 		a.log.Warn("the primary rewrote its configuration in place while detour replaced the file; adding the entry to its new version", "file", primary)
-		data = newer
+		data, f = newer, nil
+		if filepath.Ext(primary) != ".conflist" {
+			continue // the converted .conf is gone: convert its newer version, nothing to watch
+		}
+		// The next write replaces the file just written. The primary may have written into it
+		// too, after the rename: that is then the newest version.
+		if f, err = os.Open(holder); err != nil {
+			return holder, changed
+		}
+		if expect, err = readAt(f); err != nil {
+			f.Close()
+			return holder, changed
+		}
+		if _, lerr := loadNetwork(primary, expect); lerr == nil && !hasEntry(expect) {
+			data = expect
+		}
 	}
 }
 

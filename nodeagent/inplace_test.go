@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -9,6 +10,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/detourmesh/detour/annotations"
 )
 
 // inPlaceEnv is an agent over a temporary node whose primary is path (content in), and a
@@ -111,5 +118,38 @@ func TestSameErrorLoggedOnce(t *testing.T) {
 	a.reconcileAndLog(context.Background())
 	if n := strings.Count(log.String(), "reconcile failed"); n != 2 {
 		t.Errorf("%d error lines after %s, want 2", n, errorRepeat)
+	}
+}
+
+// A primary's write that races the agent's (retried at once) does not take the ready label
+// off the node: only an entry that stays out does.
+func TestRaceKeepsTheLabel(t *testing.T) {
+	const v1 = `{"name":"k8s","cniVersion":"1.0.0","plugins":[{"type":"bridge","mtu":1400}]}`
+	a, path, write := inPlaceEnv(t, "10-k8s.conflist", v1)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	a.client, a.node = client, &nodeReadiness{client: client, name: "node-1", taint: annotations.CNINotReadyTaint}
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+	// The primary rewrites its file without the entry, and keeps rewriting it in place while
+	// the agent puts the entry back.
+	write(v1)
+	n := 0
+	a.beforeReplace = func() { n++; write(strings.Replace(v1, "1400", fmt.Sprint(1400+n), 1)) }
+	_, err := a.Reconcile(context.Background())
+	if !isRace(err) {
+		t.Fatalf("Reconcile = %v, want a race", err)
+	}
+	node, _ := client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if node.Labels[annotations.CNIReadyLabel] != "true" {
+		t.Errorf("a race took the label off: %v", node.Labels)
+	}
+	// The primary settles: the entry is back, the node still ready.
+	a.beforeReplace = func() {}
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+	if got, _ := os.ReadFile(path); !strings.Contains(string(got), `"type":"detour-cni"`) || !strings.Contains(string(got), fmt.Sprint(1400+n)) {
+		t.Errorf("entry not back, or the primary's last version (mtu %d) lost:\n%s", 1400+n, got)
 	}
 }

@@ -11,6 +11,11 @@ const (
 const (
 	// CNIReadyLabel is set to "true" on a node whose CNI config includes detour.
 	CNIReadyLabel = Prefix + "cni-ready"
+	// CNIReadyBootAnnotation holds the node's boot ID (status.nodeInfo.bootID) when the node
+	// agent set the ready label: after a reboot the label is stale until the agent, started
+	// again, has put detour's entry back, and readers (the repair controller) tell so by the
+	// boot ID the kubelet reports having changed.
+	CNIReadyBootAnnotation = Prefix + "cni-ready-boot-id"
 	// CNINotReadyTaint is the default key of the startup taint nodes are registered with; the
 	// node agent removes it once detour's CNI config is in place.
 	CNINotReadyTaint = Prefix + "cni-not-ready"

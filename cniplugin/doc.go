@@ -4,6 +4,6 @@
 //
 // The annotations come from runtimeConfig (io.kubernetes.cri.pod-annotations) when the runtime
 // passes them, else from one bounded GET of the pod. ADD fails closed with a message that says
-// what to do; DEL is idempotent; CHECK compares the live rules; STATUS checks the node; GC has
+// what to do; DEL is idempotent; CHECK compares the live rules; STATUS fails only for what breaks every pod and logs only changes; GC has
 // nothing to collect. See docs/cni-plugin.md.
 package cniplugin

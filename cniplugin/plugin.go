@@ -7,8 +7,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -32,7 +34,19 @@ type Plugin struct {
 	NewExecutor func(*Config) *iptables.Executor
 	// NewPodGetter returns the API client for a configuration.
 	NewPodGetter func(*Config) (PodGetter, error)
+	// StateDir is where STATUS keeps its last outcome, so that it logs only changes (the
+	// runtime calls it every few seconds); "" keeps none, and STATUS then logs only problems.
+	StateDir string
 }
+
+// DefaultStateDir is the plugin's state directory on the host (a tmpfs: it starts empty after
+// a reboot, and STATUS logs its first outcome again).
+const DefaultStateDir = "/run/detour-cni"
+
+// MaxLogFileSize is the size at which the plugin rotates logFile: the file is renamed to
+// logFile.1 (replacing an older one) and a new one started, so the two take at most about
+// twice this much.
+const MaxLogFileSize = 10 << 20
 
 // New returns the plugin with its real side effects.
 func New() *Plugin {
@@ -45,6 +59,7 @@ func New() *Plugin {
 		NewPodGetter: func(c *Config) (PodGetter, error) {
 			return newAPIGetter(c.Kubeconfig, c.APITimeout)
 		},
+		StateDir: DefaultStateDir,
 	}
 }
 
@@ -63,6 +78,7 @@ type call struct {
 	decision string
 	source   string // where the annotations came from: runtimeConfig or api
 	families []iptables.Family
+	warning  string // what degrades the command without failing it (STATUS)
 }
 
 // podRef is the pod's identity from CNI_ARGS.
@@ -140,17 +156,75 @@ func (p *Plugin) end(c *call, err error) error {
 		}
 		attrs = append(attrs, slog.String("families", strings.Join(fams, ",")))
 	}
+	// The runtime asks for STATUS every few seconds: an outcome already logged goes to debug.
+	quiet := c.cmd == "STATUS" && !p.statusChanged(c, err)
 	if err != nil {
 		attrs = append(attrs, slog.String("error", err.Error()))
-		logger.LogAttrs(context.Background(), slog.LevelError, PluginType, attrs...)
+		errLevel := slog.LevelError
+		if quiet {
+			errLevel = slog.LevelDebug
+		}
+		logger.LogAttrs(context.Background(), errLevel, PluginType, attrs...)
 		var cniErr *types.Error
 		if errors.As(err, &cniErr) {
 			return cniErr
 		}
 		return types.NewError(types.ErrInternal, err.Error(), "")
 	}
-	logger.LogAttrs(context.Background(), slog.LevelInfo, PluginType, attrs...)
+	switch {
+	case quiet:
+		logger.LogAttrs(context.Background(), slog.LevelDebug, PluginType, attrs...)
+	case c.warning != "":
+		attrs = append(attrs, slog.String("warning", c.warning))
+		logger.LogAttrs(context.Background(), slog.LevelWarn, PluginType, attrs...)
+	default:
+		logger.LogAttrs(context.Background(), slog.LevelInfo, PluginType, attrs...)
+	}
 	return nil
+}
+
+// statusChanged reports whether this STATUS outcome differs from the last one recorded in
+// StateDir, and records it. Without a usable state it counts a problem as a change and a clean
+// "ready" as none, so a healthy node logs nothing and a degraded one still says why.
+func (p *Plugin) statusChanged(c *call, err error) bool {
+	outcome := c.decision + "\n" + c.warning
+	if err != nil {
+		outcome = "error: " + err.Error()
+	}
+	clean := err == nil && c.warning == ""
+	if p.StateDir == "" {
+		return !clean
+	}
+	path := filepath.Join(p.StateDir, "status")
+	if last, rerr := os.ReadFile(path); rerr == nil && string(last) == outcome {
+		return false
+	}
+	if werr := writeState(p.StateDir, path, []byte(outcome)); werr != nil {
+		return !clean
+	}
+	return true
+}
+
+// writeState replaces path with data atomically (temporary file and rename).
+func writeState(dir, path string, data []byte) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".status-")
+	if err != nil {
+		return err
+	}
+	_, werr := tmp.Write(data)
+	if cerr := tmp.Close(); werr == nil {
+		werr = cerr
+	}
+	if werr == nil {
+		werr = os.Rename(tmp.Name(), path)
+	}
+	if werr != nil {
+		os.Remove(tmp.Name())
+	}
+	return werr
 }
 
 // logger logs to stderr (which the runtime captures) and, when configured, to the log file.
@@ -158,7 +232,7 @@ func (p *Plugin) logger(conf *Config, level slog.Level) (*slog.Logger, func()) {
 	var w io.Writer = p.Stderr
 	closeLog := func() {}
 	if conf != nil && conf.LogFile != "" {
-		if f, err := os.OpenFile(conf.LogFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600); err == nil {
+		if f, err := openLogFile(conf.LogFile, MaxLogFileSize); err == nil {
 			w = io.MultiWriter(p.Stderr, f)
 			closeLog = func() { f.Close() }
 		} else {
@@ -166,6 +240,29 @@ func (p *Plugin) logger(conf *Config, level slog.Level) (*slog.Logger, func()) {
 		}
 	}
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})), closeLog
+}
+
+// openLogFile opens path for appending. When it has reached max bytes it is first renamed to
+// path.1 (replacing an older one): the plugin's log never takes more than about twice max. Of
+// concurrent plugin runs, only the one holding the file's lock renames it, and only if the path
+// still names the file it opened, so no run renames a file another just started.
+func openLogFile(path string, max int64) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil || st.Size() < max {
+		return f, nil
+	}
+	if syscall.Flock(int(f.Fd()), syscall.LOCK_EX) == nil {
+		if cur, err := os.Stat(path); err == nil && os.SameFile(cur, st) {
+			_ = os.Rename(path, path+".1")
+		}
+		_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	}
+	f.Close()
+	return os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 }
 
 // Add installs the redirect for injected pods and passes prevResult through unchanged on every
@@ -181,7 +278,7 @@ func (p *Plugin) add(c *call) error {
 	if err == nil && len(rulesets) > 0 {
 		exec := p.NewExecutor(c.conf)
 		if err = exec.Apply(context.Background(), c.args.Netns, rulesets...); err != nil {
-			err = fmt.Errorf("pod %s: install the redirect: %w; check that the node's iptables works (docs/troubleshooting.md)", c.pod, err)
+			err = redirectError(c.pod, err)
 		} else {
 			c.decision = "redirected"
 		}
@@ -190,6 +287,15 @@ func (p *Plugin) add(c *call) error {
 		return err
 	}
 	return c.conf.PrevResult.PrintTo(p.Stdout)
+}
+
+// redirectError is the CNI error for a failed Apply: "try again later" (code 11) when another
+// program held the xtables lock for longer than the tools wait, an internal error otherwise.
+func redirectError(pod podRef, err error) error {
+	if iptables.IsLockTimeout(err) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("pod %s: install the redirect: %v; another program on the node held the xtables lock, the kubelet retries the sandbox", pod, err), "")
+	}
+	return fmt.Errorf("pod %s: install the redirect: %w; check that the node's iptables works (docs/troubleshooting.md)", pod, err)
 }
 
 // rulesFor decides whether the pod gets detour's rules and builds them, one ruleset per
@@ -327,20 +433,26 @@ func (p *Plugin) check(c *call) error {
 	return nil
 }
 
-// Status reports whether the plugin can work on this node: an iptables backend is usable and
-// the kubeconfig, when configured, is readable.
+// Status reports whether the plugin can work on this node. The runtime calls it every few
+// seconds and a failure marks the whole node's network not ready, so it fails only for what
+// breaks ADD for every pod — a configuration it cannot parse (begin fails) — and reports what
+// breaks injected pods only (no usable iptables, a kubeconfig it cannot load, which pods whose
+// annotations come from the runtime do not even need) as a warning in its log. It logs only a
+// change of outcome.
 func (p *Plugin) Status(args *skel.CmdArgs) error { return p.run("STATUS", args, p.status) }
 
 func (p *Plugin) status(c *call) error {
+	var warnings []string
 	if err := p.NewExecutor(c.conf).Usable(iptables.IPv4); err != nil {
-		return types.NewError(types.ErrPluginNotAvailable, err.Error(), "")
+		warnings = append(warnings, fmt.Sprintf("injected pods cannot get their redirect (their ADD fails): %v", err))
 	}
 	if c.conf.Kubeconfig != "" {
 		if _, err := p.NewPodGetter(c.conf); err != nil {
-			return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("%v; detour install-cni writes it — is the node agent running?", err), "")
+			warnings = append(warnings, fmt.Sprintf("injected pods whose annotations the runtime does not pass cannot be read (their ADD fails): %v; detour install-cni writes it — is the node agent running?", err))
 		}
 	}
 	c.decision = "ready"
+	c.warning = strings.Join(warnings, "; ")
 	return nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -239,37 +240,123 @@ func TestDelWithoutNamespaceSucceeds(t *testing.T) {
 	}
 }
 
+// Issue 15.2: STATUS, which containerd calls every 5 s and whose failure marks the node's
+// network not ready, fails only for what breaks ADD for every pod, and logs only a change.
 func TestStatus(t *testing.T) {
 	kubeconfig := writeKubeconfig(t, "current-context: a\ncontexts: [{name: a, context: {cluster: c, user: u}}]\nclusters: [{name: c, cluster: {server: \"https://127.0.0.1:6443\"}}]\nusers: [{name: u, user: {tokenFile: t}}]\n")
+	stateDir := t.TempDir()
+	var log bytes.Buffer
 	status := func(extra string) error {
 		p := New()
-		var log bytes.Buffer
-		p.Stdout, p.Stderr = &bytes.Buffer{}, &log
+		p.Stdout, p.Stderr, p.StateDir = &bytes.Buffer{}, &log, stateDir
 		return p.Status(cmdArgs([]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"`+extra+`}`), ""))
+	}
+	lines := func() []string {
+		defer log.Reset()
+		return strings.Split(strings.TrimSpace(log.String()), "\n")
 	}
 	t.Run("iptables missing", func(t *testing.T) {
 		t.Setenv("PATH", t.TempDir())
-		err := status("")
-		if err == nil || !strings.Contains(err.Error(), "no usable ipv4 iptables backend") || !strings.Contains(err.Error(), "install iptables") {
-			t.Fatalf("STATUS without iptables = %v", err)
+		if err := status(""); err != nil {
+			t.Fatalf("STATUS without iptables = %v; it breaks injected pods only, not the node", err)
+		}
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"level":"WARN"`) || !strings.Contains(l[0], "no usable ipv4 iptables backend") {
+			t.Fatalf("log %q, want one warning", l)
+		}
+		for range 100 {
+			if err := status(""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if log.Len() != 0 {
+			t.Fatalf("the same outcome was logged again:\n%s", log.String())
 		}
 	})
 	t.Run("kubeconfig unreadable", func(t *testing.T) {
 		if _, err := exec.LookPath("iptables-nft-restore"); err != nil {
 			t.Skip("needs the iptables tools on PATH (hack/host-deps.sh installs them)")
 		}
-		err := status(`,"kubeconfig":"/nonexistent/detour-cni.kubeconfig"`)
-		if err == nil || !strings.Contains(err.Error(), "/nonexistent/detour-cni.kubeconfig") || !strings.Contains(err.Error(), "node agent") {
-			t.Fatalf("STATUS with an unreadable kubeconfig = %v", err)
+		log.Reset()
+		if err := status(`,"kubeconfig":"/nonexistent/detour-cni.kubeconfig"`); err != nil {
+			t.Fatalf("STATUS with an unreadable kubeconfig = %v; pods whose annotations come from the runtime need none", err)
 		}
-		if err := status(`,"kubeconfig":"` + kubeconfig + `"`); err == nil || !strings.Contains(err.Error(), "token file") {
-			t.Fatalf("STATUS before the token file exists = %v", err)
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], "/nonexistent/detour-cni.kubeconfig") || !strings.Contains(l[0], "node agent") {
+			t.Fatalf("log %q", l)
 		}
 		if err := os.WriteFile(filepath.Join(filepath.Dir(kubeconfig), "t"), []byte("token"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if err := status(`,"kubeconfig":"` + kubeconfig + `"`); err != nil {
-			t.Fatalf("STATUS with a readable kubeconfig and iptables: %v", err)
+		for range 100 {
+			if err := status(`,"kubeconfig":"` + kubeconfig + `"`); err != nil {
+				t.Fatalf("STATUS with a readable kubeconfig and iptables: %v", err)
+			}
+		}
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"level":"INFO"`) || !strings.Contains(l[0], `"decision":"ready"`) {
+			t.Fatalf("100 healthy STATUS calls logged %q; want the change to ready, once", l)
 		}
 	})
+	t.Run("configuration broken", func(t *testing.T) {
+		log.Reset()
+		for range 3 {
+			if err := status(`,"iptablesBackend":"x"`); err == nil {
+				t.Fatal("STATUS with a configuration ADD cannot parse succeeded")
+			}
+		}
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"level":"ERROR"`) {
+			t.Fatalf("log %q, want one error", l)
+		}
+	})
+}
+
+// Without a state directory STATUS still logs its problems (and a clean "ready" at debug only).
+func TestStatusWithoutStateLogsOnlyProblems(t *testing.T) {
+	p, _, log := testPlugin(&fakeGetter{})
+	p.NewExecutor = func(*Config) *iptables.Executor { return iptables.NewExecutor() }
+	t.Setenv("PATH", t.TempDir())
+	if err := p.Status(cmdArgs([]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"}`), "")); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log.String(), "WARN") {
+		t.Errorf("log %q, want the warning", log)
+	}
+}
+
+// Issue 15.2: the log file is rotated at a size, so it cannot grow without bound.
+func TestLogFileRotates(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "detour-cni.log")
+	for i := range 50 {
+		f, err := openLogFile(path, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(f, "%03d %s\n", i, strings.Repeat("x", 95))
+		f.Close()
+	}
+	cur, _ := os.ReadFile(path)
+	old, _ := os.ReadFile(path + ".1")
+	if len(cur) > 1000 || len(old) > 1100 || len(old) < 1000 {
+		t.Errorf("log %d bytes, rotated %d bytes; want at most the limit, and a full rotated file", len(cur), len(old))
+	}
+	if !strings.Contains(string(cur), "049 ") || !strings.Contains(string(old), "039 ") {
+		t.Errorf("the latest lines are not where they belong:\n%s\n--\n%s", cur, old)
+	}
+	entries, _ := os.ReadDir(filepath.Dir(path))
+	if len(entries) != 2 {
+		t.Errorf("files %v, want the log and one rotated file", entries)
+	}
+}
+
+// Issue 15.11: an xtables lock timeout is CNI's "try again later" (11), not an internal error.
+func TestRedirectErrorLockTimeout(t *testing.T) {
+	pod := podRef{Namespace: "shop", Name: "web"}
+	lock := fmt.Errorf("apply ipv4 rules in /x: legacy backend: %w", &iptables.ExecError{Name: "iptables-legacy-restore", Args: []string{"--noflush", "-w", "5"},
+		Err: errors.New("exit status 4"), Stderr: "Another app is currently holding the xtables lock. Stopped waiting after 5s."})
+	var cniErr *types.Error
+	if err := redirectError(pod, lock); !errors.As(err, &cniErr) || cniErr.Code != types.ErrTryAgainLater || !strings.Contains(cniErr.Msg, "xtables lock") {
+		t.Errorf("lock timeout = %#v, want code %d", err, types.ErrTryAgainLater)
+	}
+	other := &iptables.ExecError{Name: "iptables-legacy-restore", Err: errors.New("exit status 2"), Stderr: "line 3 failed"}
+	if err := redirectError(pod, other); errors.As(err, &cniErr) {
+		t.Errorf("another failure = %v, want an internal error", err)
+	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
+	"syscall"
 
 	"github.com/detourmesh/detour/internal/nsutil"
 )
@@ -127,14 +129,42 @@ func (e *Executor) inspect(ctx context.Context, f Family) (state, error) {
 
 func (e *Executor) restore(ctx context.Context, s state, input string) error {
 	if _, err := e.runner.Run(ctx, s.tools.restore, []string{"--noflush", "-w", lockWait}, []byte(input)); err != nil {
-		return fmt.Errorf("%s-restore (%s backend): %w", s.tools.restore, s.tools.backend, err)
+		return fmt.Errorf("%s backend: %w", s.tools.backend, err)
 	}
 	return nil
+}
+
+// lockNamespace takes an exclusive flock on the network namespace file at nsPath, which every
+// detour-cni process working on that namespace opens, whatever path it names it by (the lock
+// belongs to the namespace's inode). Apply reads the nat table and then writes what is missing,
+// so two runs at once (a pod with two networks, a runtime retrying) would both add the jumps;
+// under the lock the second finds them. The xtables lock the tools take covers only one write.
+func lockNamespace(nsPath string) (unlock func(), err error) {
+	f, err := os.Open(nsPath)
+	if err != nil {
+		return nil, fmt.Errorf("open network namespace %s: %w", nsPath, err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock network namespace %s: %w", nsPath, err)
+	}
+	return func() { f.Close() }, nil // closing the file releases the lock
 }
 
 // Apply installs each ruleset (one per family) in the network namespace at nsPath, replacing
 // whatever detour had installed there before, with one iptables-restore per family.
 func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
+	unlock, err := lockNamespace(nsPath)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	return nsutil.Do(nsPath, func() error {
 		for _, rs := range rulesets {
 			s, err := e.inspect(ctx, rs.Family)
@@ -153,6 +183,11 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 // from whichever backends hold them, leaving other rules alone. Removing from a namespace
 // without detour's rules succeeds.
 func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family) error {
+	unlock, err := lockNamespace(nsPath)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	return nsutil.Do(nsPath, func() error {
 		for _, f := range families {
 			if err := e.remove(ctx, f); err != nil {

@@ -3,6 +3,7 @@ package iptables
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -31,6 +32,14 @@ func (e *ExecError) Error() string {
 }
 
 func (e *ExecError) Unwrap() error { return e.Err }
+
+// IsLockTimeout reports whether err is an iptables tool that gave up waiting for the xtables
+// lock ("Another app is currently holding the xtables lock"): another program on the node held
+// it, and trying again later can succeed.
+func IsLockTimeout(err error) bool {
+	var e *ExecError
+	return errors.As(err, &e) && strings.Contains(e.Stderr, "xtables lock")
+}
 
 // ExecRunner runs commands as child processes of the calling thread, so they inherit its
 // network namespace.

@@ -142,7 +142,7 @@ func installChart(cfg *rest.Config, ns string) error {
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		return err
 	}
-	out, err := exec.Command(filepath.Join(testenv.BinDir(), "helm"), "template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false").Output()
+	out, err := exec.Command(filepath.Join(testenv.BinDir(), "helm"), "template", "detour", chart, "--namespace", ns, "--set", "createNamespace=false", "--set", proxyImage).Output()
 	if err != nil {
 		return fmt.Errorf("helm template: %w", err)
 	}

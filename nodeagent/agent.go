@@ -2,13 +2,16 @@ package nodeagent
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -17,6 +20,9 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/cniplugin"
 )
 
 // configExtensions are the files a runtime loads as networks (containerd's and CRI-O's list).
@@ -44,6 +50,16 @@ type Agent struct {
 	now      func() time.Time
 	fraction float64
 
+	// labelRemoved: the ready label is known to be off the node (set by the reconcile only).
+	labelRemoved bool
+	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
+	beforeReplace func()
+	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
+	owner *ownDaemonSet
+	// lastErr and lastErrAt are the reconcile error last logged, and when (Run only).
+	lastErr   string
+	lastErrAt time.Time
+
 	mu     sync.Mutex
 	status Status
 }
@@ -66,6 +82,17 @@ func WithClock(now func() time.Time) Option { return func(a *Agent) { a.now = no
 // requests the next one (default [DefaultTokenRefreshFraction]; tests shorten it).
 func WithTokenRefreshFraction(f float64) Option { return func(a *Agent) { a.fraction = f } }
 
+// WithOwnPod names the agent's own pod (downward API). At SIGTERM the agent then looks at the
+// DaemonSet that runs it, and uninstalls detour from the node when that is being deleted (helm
+// uninstall); a rollout or a drain leaves everything in place. It needs WithNodeClient.
+func WithOwnPod(namespace, name string) Option {
+	return func(a *Agent) {
+		if namespace != "" && name != "" {
+			a.owner = &ownDaemonSet{namespace: namespace, pod: name}
+		}
+	}
+}
+
 // WithLogger sets the logger (default slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(a *Agent) { a.log = l } }
 
@@ -83,6 +110,8 @@ func New(cfg Config, opts ...Option) *Agent {
 		now:      time.Now,
 		fraction: DefaultTokenRefreshFraction,
 		status:   Status{Reason: "starting"},
+
+		beforeReplace: func() {},
 	}
 	for _, o := range opts {
 		o(a)
@@ -106,8 +135,10 @@ func New(cfg Config, opts ...Option) *Agent {
 type Status struct {
 	// Primary is the runtime's network configuration file, empty while there is none.
 	Primary string
-	// ConfigInPlace: the primary holds detour's entry, the binary and kubeconfig exist, and the
-	// plugin's token is written (and, when requested for its own service account, unexpired).
+	// EntryInPlace: the primary holds detour's entry and the binary is installed.
+	EntryInPlace bool
+	// ConfigInPlace: the entry is in place, the kubeconfig exists, and the plugin's token is
+	// written (and, when requested for its own service account, unexpired).
 	ConfigInPlace bool
 	// NodeReady: the startup taint is gone and the ready label set (always false without a
 	// node client).
@@ -183,15 +214,80 @@ func Primary(dir string) (string, error) {
 // resulting status; an error leaves the agent not ready and is retried on the next event or
 // resync.
 func (a *Agent) Reconcile(ctx context.Context) (Status, error) {
+	before := a.Status()
 	s, err := a.reconcile(ctx)
 	if err != nil {
 		s.Reason = err.Error()
 	}
 	a.setStatus(s)
+	if _, refused := errors.AsType[*refusedError](err); refused && s.Reason != before.Reason && a.node != nil {
+		if eerr := a.node.event(ctx, EventReason, s.Reason); eerr != nil {
+			a.log.Warn("could not record the refusal as an event on the node", "err", eerr)
+		}
+	}
 	return s, err
 }
 
 func (a *Agent) reconcile(ctx context.Context) (Status, error) {
+	s, err := a.reconcileFiles(ctx)
+	if a.node == nil {
+		return s, err
+	}
+	prev := a.Status()
+	switch {
+	case err == nil && s.ConfigInPlace:
+		// The node is read and patched when the config comes into place, not on every
+		// resync: a GET per node every few seconds would add up on a large cluster.
+		if !prev.NodeReady {
+			patched, err := a.node.markReady(ctx)
+			if err != nil {
+				return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
+			}
+			if patched {
+				a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
+			}
+		}
+		a.labelRemoved = false
+		s.NodeReady = true
+	case !s.EntryInPlace && isRace(err):
+		s.NodeReady = prev.NodeReady // the next event retries at once: no label flapping
+	case !s.EntryInPlace:
+		// The label follows the entry after the first readiness too (a reboot where the primary
+		// writes its file first, a refused primary, an operator's mistake): repair's gate and
+		// workloads' node selectors must not trust a node whose pods get no redirect.
+		if !a.labelRemoved {
+			removed, uerr := a.node.unmarkReady(ctx)
+			if uerr != nil {
+				return s, errors.Join(err, fmt.Errorf("remove node %s's ready label: %w", a.node.name, uerr))
+			}
+			if removed {
+				a.log.Warn("removed the node's ready label: detour's entry is not in place", "node", a.node.name, "label", annotations.CNIReadyLabel, "reason", cmp.Or(errString(err), s.Reason))
+			}
+			a.labelRemoved = true
+		}
+	default:
+		// The entry is in place but the plugin's kubeconfig or token is not: pods whose
+		// annotations come from the runtime get their redirect, the others fail closed and are
+		// retried, so no pod starts without its redirect. The label stays as it was.
+		s.NodeReady = prev.NodeReady
+	}
+	return s, err
+}
+
+func isRace(err error) bool {
+	_, ok := errors.AsType[*raceError](err)
+	return ok
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// reconcileFiles is the file part of Reconcile: the binary, the kubeconfig and token, the entry.
+func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	var s Status
 	primary, err := Primary(a.cfg.ConfDir)
 	if err != nil {
@@ -215,46 +311,46 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 	if err := checkPluginDir(a.cfg.ConfDir, list); err != nil {
 		return s, err
 	}
+	// A primary that is a symlink is edited through it: the file the primary keeps updating.
+	file, err := a.editable(primary)
+	if err != nil {
+		return s, err
+	}
+	if filepath.Ext(primary) != ".conflist" && file != primary {
+		return s, &refusedError{fmt.Sprintf("%s is a symlink to a single-plugin configuration: detour would have to replace it with a .conflist, and the primary's later updates to %s would be ignored; make the primary write a .conflist, or replace the link with the file", primary, file)}
+	}
+	if err := checkVersion(primary, list); err != nil {
+		// Chained into a version the plugin does not speak, detour's entry would fail every
+		// ADD on the node, injected pods or not: take it out if an earlier agent put it there.
+		if rerr := a.removeEntry(primary, file, data); rerr != nil {
+			return s, errors.Join(err, rerr)
+		}
+		return s, err
+	}
 
 	if wrote, err := a.binary.ensure(); err != nil {
 		return s, err
 	} else if wrote {
 		a.log.Info("installed the plugin binary", "path", a.binary.dest, "source", a.binary.source)
 	}
-	// An expired plugin token (its renewal failing for its whole lifetime) leaves the agent not
-	// ready but still keeping the entry in place: the plugin reads most pods' annotations from
-	// the runtime and needs no token for them.
-	wrote, expires, tokenErr := a.ensureKubeconfig(ctx)
-	if _, expired := errors.AsType[*tokenExpiredError](tokenErr); tokenErr != nil && !expired {
-		return s, tokenErr
-	}
+	// The entry never waits for the API: a plugin token that cannot be requested (the API
+	// server unreachable after a reboot, RBAC missing) or that expired leaves the agent not
+	// ready, but the entry goes back in place. Pods whose annotations come from the runtime
+	// need no token, the kubeconfig and token an earlier agent wrote stay in place and keep
+	// working until they expire, and any other pod fails closed and is retried.
+	wrote, expires, kubeconfigErr := a.ensureKubeconfig(ctx)
 	if wrote {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}
 	s.PluginTokenExpires = expires
-	if s.Primary, err = a.ensureEntry(primary, data); err != nil {
-		return s, err
+	if s.Primary, err = a.ensureEntry(primary, file, data); err != nil {
+		return s, errors.Join(err, kubeconfigErr)
 	}
-	if tokenErr != nil {
-		return s, tokenErr
+	s.EntryInPlace = true
+	if kubeconfigErr != nil {
+		return s, kubeconfigErr
 	}
 	s.ConfigInPlace = true
-
-	if a.node == nil {
-		return s, nil
-	}
-	// The node is read and patched when the config comes into place, not on every resync: a
-	// GET per node every few seconds would add up on a large cluster.
-	if !a.Status().NodeReady {
-		patched, err := a.node.markReady(ctx)
-		if err != nil {
-			return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
-		}
-		if patched {
-			a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
-		}
-	}
-	s.NodeReady = true
 	return s, nil
 }
 
@@ -284,62 +380,271 @@ func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
 	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\" or set \"loadOnlyInlinedPlugins\": true", list.Name, pluginDir)
 }
 
+// editable returns the file to edit for the configuration at path: path itself or, when it is
+// a symlink, the file it leads to. The primary keeps updating that file; replacing the link with
+// a file of the agent's would make the runtime ignore those updates for good. A link whose
+// target is not inside the CNI config directory as the agent's container sees it (an absolute
+// host path elsewhere, a relative one that leaves the directory) is refused: the agent cannot
+// edit what is not mounted. An absolute target in the host's CNI config directory is followed
+// through the mount.
+func (a *Agent) editable(path string) (string, error) {
+	cur := path
+	for range 8 {
+		st, err := os.Lstat(cur)
+		if err != nil {
+			return "", fmt.Errorf("inspect %s: %w", cur, err)
+		}
+		if st.Mode()&fs.ModeSymlink == 0 {
+			return cur, nil
+		}
+		target, err := os.Readlink(cur)
+		if err != nil {
+			return "", fmt.Errorf("read the symlink %s: %w", cur, err)
+		}
+		next := target
+		switch {
+		case !filepath.IsAbs(target):
+			next = filepath.Join(filepath.Dir(cur), target)
+		case within(a.cfg.HostConfDir, target):
+			rel, _ := filepath.Rel(a.cfg.HostConfDir, target)
+			next = filepath.Join(a.cfg.ConfDir, rel)
+		}
+		if !within(a.cfg.ConfDir, next) {
+			return "", &refusedError{fmt.Sprintf("%s is a symlink to %s, outside the CNI config directory %s that the agent's container sees: detour cannot add its entry there; point the link at a file in the directory, or have the primary write the file itself", path, target, a.cfg.HostConfDir)}
+		}
+		cur = next
+	}
+	return "", &refusedError{fmt.Sprintf("%s is a chain of more than 8 symlinks", path)}
+}
+
+// within reports whether path is inside dir (both clean and absolute).
+func within(dir, path string) bool {
+	rel, err := filepath.Rel(dir, path)
+	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
+}
+
+// raceError is a write of the primary's that met the agent's: retried at once by the next
+// event, it does not make the node lose its ready label.
+type raceError struct{ msg string }
+
+func (e *raceError) Error() string { return e.msg }
+
+// refusedError is a primary configuration the agent will not chain into, with what to do. The
+// agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
+type refusedError struct{ msg string }
+
+func (e *refusedError) Error() string { return e.msg }
+
+// SupportedCNIVersions are the CNI spec versions a primary configuration may declare for the
+// agent to chain detour-cni into it: the ones the plugin speaks.
+func SupportedCNIVersions() []string { return cniplugin.VersionInfo.SupportedVersions() }
+
+// CheckCNIVersion returns an error when the network's cniVersion (as the runtime resolves it,
+// "cniVersions" included; none means 0.1.0) is one detour-cni does not speak: the runtime would
+// then fail every ADD on the node with "incompatible CNI versions".
+func CheckCNIVersion(list *libcni.NetworkConfigList) error {
+	v := list.CNIVersion
+	if slices.Contains(SupportedCNIVersions(), v) {
+		return nil
+	}
+	shown := fmt.Sprintf("cniVersion %q", v)
+	if v == "" {
+		shown = "no cniVersion (which means 0.1.0)"
+	}
+	return fmt.Errorf("network %q declares %s, which %s does not speak (it speaks %s): chaining it in would fail every pod's sandbox on this node; have the primary CNI write cniVersion 0.3.0 or later",
+		list.Name, shown, PluginType, strings.Join(SupportedCNIVersions(), ", "))
+}
+
+func checkVersion(primary string, list *libcni.NetworkConfigList) error {
+	if err := CheckCNIVersion(list); err != nil {
+		return &refusedError{fmt.Sprintf("refusing to chain %s into %s: %v", PluginType, primary, err)}
+	}
+	return nil
+}
+
+// removeEntry takes detour's entries out of the conflist primary (holding data, in file), if it
+// has any.
+func (a *Agent) removeEntry(primary, file string, data []byte) error {
+	if filepath.Ext(primary) != ".conflist" || !hasEntry(data) {
+		return nil
+	}
+	primary = file
+	out, changed, err := RemoveEntries(data)
+	if err != nil {
+		return fmt.Errorf("remove detour's entry from %s: %w", primary, err)
+	}
+	if !changed {
+		return nil
+	}
+	if _, err := writeFileAtomic(primary, out, fileMode(primary)); err != nil {
+		return err
+	}
+	a.log.Warn("removed detour's entry from the primary CNI configuration", "file", primary)
+	return nil
+}
+
+func fileMode(path string) fs.FileMode {
+	if st, err := os.Stat(path); err == nil {
+		return st.Mode().Perm()
+	}
+	return 0o644
+}
+
 // ensureEntry puts detour's entry into the primary configuration and returns the file that
 // holds it. A .conflist is edited in place. A .conf or .json (one plugin) becomes
 // <name>.conflist, written first, and the original is removed, so the directory holds one
 // configuration for the network and the runtime loads the new file: "x.conf" sorts right
 // before "x.conflist".
-func (a *Agent) ensureEntry(primary string, data []byte) (string, error) {
+//
+// A primary that rewrites its file in place (truncate and write, no rename) may do so between
+// the agent's last look and its rename: the write lands in the file the rename replaced and
+// would be lost. The agent keeps that file open across the rename and reads it again after:
+// when it changed, it adds the entry to that newer version.
+//
+// file is where primary's content lives: primary itself, or the file its symlink leads to.
+func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 	// The binary and the token may have taken a while since data was read: never write back
 	// an old copy over the primary's newer one (its change would be lost for good, since the
 	// next reconcile would find detour's entry in place).
-	if now, err := os.ReadFile(primary); err != nil || !bytes.Equal(now, data) {
-		return primary, fmt.Errorf("%s changed while detour's entry was being prepared; trying again", primary)
+	changed := &raceError{fmt.Sprintf("%s changed while detour's entry was being prepared; trying again", primary)}
+	f, err := os.Open(file)
+	if err != nil {
+		return primary, changed
 	}
-	mode := fs.FileMode(0o644)
-	if st, err := os.Stat(primary); err == nil {
-		mode = st.Mode().Perm()
+	// f is the file the next write replaces, and expect what it holds: after the write, any
+	// other content in f is a write of the primary's that the replacement would lose.
+	expect, err := readAt(f)
+	if err != nil || !bytes.Equal(expect, data) {
+		f.Close()
+		return primary, changed
 	}
+	mode := fileMode(file)
+	for attempt := 1; ; attempt++ {
+		holder, wrote, err := a.putEntry(primary, file, data, mode)
+		if err != nil || !wrote || f == nil {
+			if f != nil {
+				f.Close()
+			}
+			return holder, err
+		}
+		newer, err := writtenMeanwhile(f, primary, expect)
+		f.Close()
+		if err != nil || newer == nil {
+			return holder, err
+		}
+		if attempt == 3 {
+			// Give the primary's newest version back to the runtime as it wrote it; the next
+			// event (this write) adds the entry to it.
+			if _, err := writeFileAtomic(holder, newer, mode); err != nil {
+				return holder, err
+			}
+			return holder, &raceError{fmt.Sprintf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)}
+		}
+		a.log.Warn("the primary rewrote its configuration in place while detour replaced the file; adding the entry to its new version", "file", primary)
+		data, f = newer, nil
+		if filepath.Ext(primary) != ".conflist" {
+			continue // the converted .conf is gone: convert its newer version, nothing to watch
+		}
+		// The next write replaces the file just written. The primary may have written into it
+		// too, after the rename: that is then the newest version.
+		if f, err = os.Open(holder); err != nil {
+			return holder, changed
+		}
+		if expect, err = readAt(f); err != nil {
+			f.Close()
+			return holder, changed
+		}
+		if _, lerr := loadNetwork(primary, expect); lerr == nil && !hasEntry(expect) {
+			data = expect
+		}
+	}
+}
+
+// putEntry writes data with detour's entry: into file (primary, or its symlink's target) when
+// primary is a conflist, else into the conflist converted from it (removing primary). It
+// reports the file that holds the entry and whether it wrote.
+func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (string, bool, error) {
 	if filepath.Ext(primary) == ".conflist" {
 		out, changed, err := InsertEntry(data, a.cfg.Entry)
 		if err != nil {
-			return primary, fmt.Errorf("add detour's entry to %s: %w", primary, err)
+			return file, false, fmt.Errorf("add detour's entry to %s: %w", file, err)
 		}
-		if changed {
-			if _, err := writeFileAtomic(primary, out, mode); err != nil {
-				return primary, err
-			}
-			a.log.Info("added detour's entry to the primary CNI configuration", "file", primary)
+		if !changed {
+			return file, false, nil
 		}
-		return primary, nil
+		a.beforeReplace()
+		if _, err := writeFileAtomic(file, out, mode); err != nil {
+			return file, false, err
+		}
+		a.log.Info("added detour's entry to the primary CNI configuration", "file", file)
+		return file, true, nil
 	}
 
 	target := strings.TrimSuffix(primary, filepath.Ext(primary)) + ".conflist"
 	if existing, err := os.ReadFile(target); err == nil {
 		// Overwrite only a list this agent made from the same network earlier.
 		if !hasEntry(existing) {
-			return primary, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
+			return primary, false, fmt.Errorf("cannot convert %s into %s: that file already exists and was not written by detour; remove one of them", primary, target)
 		}
 	}
 	list, err := ConvertConf(data)
 	if err != nil {
-		return primary, fmt.Errorf("convert %s into a conflist: %w", primary, err)
+		return primary, false, fmt.Errorf("convert %s into a conflist: %w", primary, err)
 	}
 	out, _, err := InsertEntry(list, a.cfg.Entry)
 	if err != nil {
-		return primary, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
+		return primary, false, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
 	}
+	a.beforeReplace()
 	if _, err := writeFileAtomic(target, out, mode); err != nil {
-		return primary, err
+		return primary, false, err
 	}
 	if _, err := removeFile(primary); err != nil {
-		return primary, err
+		return primary, false, err
 	}
 	a.log.Info("converted the primary CNI configuration into a conflist with detour's entry", "from", primary, "to", target)
 	if now, err := Primary(a.cfg.ConfDir); err == nil && now != target {
-		return target, fmt.Errorf("converted %s into %s, but the runtime now loads %s first", primary, target, now)
+		return target, true, fmt.Errorf("converted %s into %s, but the runtime now loads %s first", primary, target, now)
 	}
-	return target, nil
+	return target, true, nil
+}
+
+// writtenMeanwhile reads f — the primary's file as it was before the agent replaced or removed
+// it — again: nil when it still holds data; its new content when the primary wrote to it in
+// place meanwhile, once that is a configuration the runtime could load (a writer half-way is
+// given up to a second).
+func writtenMeanwhile(f *os.File, path string, data []byte) ([]byte, error) {
+	deadline := time.Now().Add(time.Second)
+	for {
+		now, err := readAt(f)
+		if err != nil {
+			return nil, fmt.Errorf("read %s again after replacing it: %w", path, err)
+		}
+		if bytes.Equal(now, data) {
+			return nil, nil
+		}
+		if _, err := loadNetwork(path, now); err == nil {
+			return now, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%s was rewritten in place while detour replaced it, and its new content is not a valid configuration after a second: that version of the primary's file is lost; have the primary write it again", path)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// readAt reads all of f from its start.
+func readAt(f *os.File) ([]byte, error) {
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, st.Size())
+	n, err := f.ReadAt(buf, 0)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	return buf[:n], nil
 }
 
 // hasEntry reports whether a conflist holds any detour entry.
@@ -361,7 +666,8 @@ func hasEntry(conflist []byte) bool {
 // event was missed, and when the plugin's requested token is due for refresh, for a retry, or
 // expires. Each reconcile writes only what differs, so the agent's own writes cause one more
 // reconcile that writes nothing: there is no write loop. Run returns when ctx ends and leaves
-// everything in place (a rollout must not open a window without the plugin).
+// everything in place (a rollout must not open a window without the plugin) — unless, with
+// WithOwnPod, the agent's DaemonSet is being deleted: then it uninstalls first.
 func (a *Agent) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -392,6 +698,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	token.Stop()
 	defer token.Stop()
 	reconcile := func() {
+		a.resolveOwner(ctx)
 		a.reconcileAndLog(ctx)
 		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry. A time
 		// already past means this reconcile stopped before the token (no primary yet, say):
@@ -409,7 +716,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
-			a.log.Info("stopping; detour's CNI configuration stays in place")
+			a.stopping()
 			return nil
 		case ev, ok := <-w.Events:
 			if !ok {
@@ -458,30 +765,74 @@ func (a *Agent) removeStaleTemps() {
 	}
 }
 
+// errorRepeat is how often a reconcile error that stays the same is logged again: a refused
+// primary would otherwise log the same line at every resync.
+const errorRepeat = 5 * time.Minute
+
 func (a *Agent) reconcileAndLog(ctx context.Context) {
 	before := a.Status()
 	s, err := a.Reconcile(ctx)
 	switch {
 	case err != nil && ctx.Err() == nil:
-		a.log.Error("reconcile failed; retrying on the next change or resync", "err", err)
+		if msg := err.Error(); msg != a.lastErr || a.now().Sub(a.lastErrAt) >= errorRepeat {
+			a.log.Error("reconcile failed; retrying on the next change or resync", "err", err)
+			a.lastErr, a.lastErrAt = msg, a.now()
+		}
 	case err == nil && s.Reason != "" && s.Reason != before.Reason:
 		a.log.Info(s.Reason)
+	}
+	if err == nil {
+		a.lastErr = ""
 	}
 }
 
 // Uninstall removes what the agent installed: detour's entry from every conflist in the
-// directory, the plugin binary, the kubeconfig and the token copy, and the node's ready label.
-// It goes on after an error and returns them all.
+// directory first; then — only once no file the runtime loads holds an entry, since an entry
+// without its binary fails every pod's sandbox with "plugin not found" — the plugin binary, the
+// kubeconfig and the token copy; and the node's ready label. It goes on after an error where
+// that is safe and returns them all; running it again finishes the job.
 func (a *Agent) Uninstall(ctx context.Context) error {
 	var errs []error
-	files, err := libcni.ConfFiles(a.cfg.ConfDir, []string{".conflist"})
+	if err := a.removeAllEntries(); err != nil {
+		errs = append(errs, err)
+		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
+	} else {
+		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
+			if removed, err := removeFile(f); err != nil {
+				errs = append(errs, err)
+			} else if removed {
+				a.log.Info("removed", "file", f)
+			}
+		}
+	}
+	if a.node != nil {
+		if err := a.node.unlabel(ctx); err != nil {
+			errs = append(errs, err)
+		} else {
+			a.log.Info("removed the node's ready label", "node", a.node.name)
+		}
+	}
+	err := errors.Join(errs...)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("list %s: %w", a.cfg.ConfDir, err))
+		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
+	} else {
+		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+	}
+	return err
+}
+
+// removeAllEntries removes detour's entries from every configuration file in the directory and
+// then checks that none is left; it returns every failure.
+func (a *Agent) removeAllEntries() error {
+	var errs []error
+	files, err := libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
+	if err != nil {
+		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
 	}
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
 			continue
 		}
 		if !hasEntry(data) {
@@ -492,39 +843,36 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 			continue
 		}
-		mode := fs.FileMode(0o644)
-		if st, err := os.Stat(f); err == nil {
-			mode = st.Mode().Perm()
+		target, err := a.editable(f)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
+			continue
 		}
 		if changed {
-			if _, err := writeFileAtomic(f, out, mode); err != nil {
-				errs = append(errs, err)
+			if _, err := writeFileAtomic(target, out, fileMode(target)); err != nil {
+				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 				continue
 			}
 			a.log.Info("removed detour's entry", "file", f)
 		}
 	}
-	for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
-		if removed, err := removeFile(f); err != nil {
-			errs = append(errs, err)
-		} else if removed {
-			a.log.Info("removed", "file", f)
-		}
+	if len(errs) > 0 {
+		return errors.Join(errs...)
 	}
-	if a.node != nil {
-		if err := a.node.unlabel(ctx); err != nil {
-			errs = append(errs, err)
-		} else {
-			a.log.Info("removed the node's ready label", "node", a.node.name)
-		}
-	}
-	err = errors.Join(errs...)
+	// Read everything again: a file written meanwhile (by the primary, or by an agent that is
+	// still running) may hold an entry again.
+	files, err = libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
 	if err != nil {
-		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
-	} else {
-		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
 	}
-	return err
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
+		} else if hasEntry(data) {
+			errs = append(errs, fmt.Errorf("%s holds detour's entry again", f))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // UninstallAndHold is `--uninstall --hold`: it uninstalls like Uninstall, retrying with backoff

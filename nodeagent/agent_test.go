@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -391,6 +392,14 @@ func TestReconcileWaitsOrRefuses(t *testing.T) {
 			"x/ignored.conflist":  `{}`,
 			"y/not-relevant.conf": `{}`,
 		}, dirs: []string{"x", "y"}, wantErr: `network "x" also loads plugins from`},
+		// Issue 15.1: chained into a version detour-cni does not speak, the entry would fail
+		// every ADD on the node ("incompatible CNI versions").
+		{name: "conf of CNI 0.2.0", files: map[string]string{"10-x.conf": `{"name":"x","cniVersion":"0.2.0","type":"bridge"}`},
+			wantErr: `network "x" declares cniVersion "0.2.0", which detour-cni does not speak`},
+		{name: "conf without cniVersion", files: map[string]string{"10-x.conf": `{"name":"x","type":"bridge"}`},
+			wantErr: `network "x" declares no cniVersion (which means 0.1.0)`},
+		{name: "conflist of CNI 0.1.0", files: map[string]string{"10-x.conflist": `{"name":"x","cniVersion":"0.1.0","plugins":[{"type":"bridge"}]}`},
+			wantErr: `refusing to chain detour-cni into`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -418,6 +427,59 @@ func TestReconcileWaitsOrRefuses(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// Issue 15.1: a primary whose version the plugin does not speak loses an entry an earlier
+// agent (or another version) put there, the agent is not ready and says why.
+func TestReconcileRemovesEntryFromUnsupportedVersion(t *testing.T) {
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-x.conflist")
+	writeFile(t, primary, `{"name":"x","cniVersion":"0.2.0","plugins":[{"type":"bridge","k":"&000"},{"type":"detour-cni"}]}`)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: "uid-1"}})
+	e.flags.NodeName = "node-1"
+	a := e.agent(t, nodeagent.WithNodeClient(client))
+	s, err := a.Reconcile(context.Background())
+	if err == nil || !strings.Contains(err.Error(), `declares cniVersion "0.2.0"`) || s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v; want a refusal", s, err)
+	}
+	a.Reconcile(context.Background()) // the same refusal again: no second Event
+	events, _ := client.CoreV1().Events("default").List(context.Background(), metav1.ListOptions{})
+	if len(events.Items) != 1 || events.Items[0].Reason != nodeagent.EventReason || events.Items[0].InvolvedObject.UID != "uid-1" ||
+		!strings.Contains(events.Items[0].Message, `declares cniVersion "0.2.0"`) {
+		t.Errorf("events %+v, want one %s on the node", events.Items, nodeagent.EventReason)
+	}
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"bridge"}) {
+		t.Errorf("plugins %v, want the entry removed", types)
+	}
+	if ok, reason := a.Ready(); ok || !strings.Contains(reason, "refusing to chain") {
+		t.Errorf("Ready = %v, %q", ok, reason)
+	}
+	// The primary moves to a version the plugin speaks: the entry goes in.
+	writeFile(t, primary, `{"name":"x","cniVersion":"0.3.1","plugins":[{"type":"bridge"}]}`)
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+}
+
+// The versions the agent accepts are the plugin's, and a conflist with "cniVersions" counts by
+// the version the runtime picks from it.
+func TestCheckCNIVersion(t *testing.T) {
+	for conf, ok := range map[string]bool{
+		`{"name":"x","cniVersion":"0.3.0","plugins":[{"type":"bridge"}]}`:                         true,
+		`{"name":"x","cniVersion":"1.1.0","plugins":[{"type":"bridge"}]}`:                         true,
+		`{"name":"x","cniVersion":"0.2.0","plugins":[{"type":"bridge"}]}`:                         false,
+		`{"name":"x","plugins":[{"type":"bridge"}]}`:                                              false,
+		`{"name":"x","cniVersions":["0.2.0","1.0.0"],"plugins":[{"type":"bridge"}]}`:              true,
+		`{"name":"x","cniVersion":"0.1.0","cniVersions":["0.2.0"],"plugins":[{"type":"bridge"}]}`: false,
+	} {
+		list, err := libcni.ConfListFromBytes([]byte(conf))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nodeagent.CheckCNIVersion(list); (err == nil) != ok {
+			t.Errorf("%s: CheckCNIVersion = %v, want ok %v", conf, err, ok)
+		}
 	}
 }
 
@@ -621,6 +683,47 @@ func TestUninstall(t *testing.T) {
 	}
 }
 
+// Issue 15.3: when an entry cannot be removed, the binary, kubeconfig and token it needs stay:
+// without them every ADD on the node fails with "plugin not found".
+func TestUninstallKeepsWhatARemainingEntryNeeds(t *testing.T) {
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	a := e.agent(t)
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// A list that holds only detour entries: removing them would leave no plugin, so the
+	// agent refuses (as it fails on a read-only or immutable file).
+	stuck := filepath.Join(e.confDir, "20-stuck.conflist")
+	writeFile(t, stuck, `{"name":"stuck","cniVersion":"1.0.0","plugins":[{"type":"detour-cni"}]}`)
+	err := a.Uninstall(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "20-stuck.conflist") || !strings.Contains(err.Error(), "kept") {
+		t.Fatalf("Uninstall = %v, want the stuck entry reported and the files kept", err)
+	}
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"calico", "portmap"}) {
+		t.Errorf("the removable entry stays: %v", types)
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s removed while an entry remains: %v", f, err)
+		}
+	}
+	if ok, reason := a.Ready(); ok || !strings.Contains(reason, "uninstall failed") {
+		t.Errorf("Ready = %v, %q", ok, reason)
+	}
+	// Fixed, the next attempt finishes the job.
+	os.Remove(stuck)
+	if err := a.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s not removed: %v", f, err)
+		}
+	}
+}
+
 func TestNodeReadiness(t *testing.T) {
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "node-1", ResourceVersion: "7", Labels: map[string]string{"zone": "a"}},
@@ -678,17 +781,37 @@ func TestNodeReadiness(t *testing.T) {
 	if _, err := a.Reconcile(context.Background()); err != nil || len(patches) != 2 || len(client.Actions()) != gets+len(patches) {
 		t.Errorf("a resync of a ready node called the API: %v, %v", client.Actions(), err)
 	}
-	// The config goes away and comes back: the node is checked again.
+	// Issue 15.4: the config goes away after the first readiness (a reboot where the primary
+	// writes its file first, an operator's mistake): the label follows, once; the taint is
+	// not put back.
 	os.Remove(filepath.Join(e.confDir, "10-calico.conflist"))
-	if s, _ := a.Reconcile(context.Background()); s.NodeReady || s.ConfigInPlace {
-		t.Errorf("status without config %+v", s)
+	for range 3 {
+		if s, _ := a.Reconcile(context.Background()); s.NodeReady || s.ConfigInPlace {
+			t.Errorf("status without config %+v", s)
+		}
+	}
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if _, ok := got.Labels[annotations.CNIReadyLabel]; ok || got.Labels["zone"] != "a" || len(got.Spec.Taints) != 1 {
+		t.Errorf("without the config: labels %v taints %v; want the ready label gone, the rest kept", got.Labels, got.Spec.Taints)
+	}
+	if len(patches) != 3 {
+		t.Errorf("patches %v: want one removing the label, not one per resync", patches)
+	}
+	rec := httptest.NewRecorder()
+	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz without the config = %d %s", rec.Code, rec.Body)
 	}
 	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
 	before := len(client.Actions())
-	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady || len(client.Actions()) != before+1 {
-		t.Errorf("config back: %+v, %v, %d new API calls (want one get)", s, err, len(client.Actions())-before)
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.NodeReady || len(client.Actions()) != before+2 {
+		t.Errorf("config back: %+v, %v, %d new API calls (want a get and a patch)", s, err, len(client.Actions())-before)
 	}
-	rec := httptest.NewRecorder()
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Labels[annotations.CNIReadyLabel] != "true" {
+		t.Errorf("config back: labels %v", got.Labels)
+	}
+	rec = httptest.NewRecorder()
 	a.Handler().ServeHTTP(rec, httptest.NewRequest("GET", "/readyz", nil))
 	if rec.Code != 200 {
 		t.Errorf("/readyz = %d %s", rec.Code, rec.Body)
@@ -850,5 +973,133 @@ func TestEntryParsedByPlugin(t *testing.T) {
 		!slices.Equal(pc.ExcludeNamespaces, []string{"kube-system", "istio-system"}) || pc.IPv6 != cniplugin.IPv6Always ||
 		!netList.Plugins[2].Network.Capabilities[cniplugin.PodAnnotationsCapability] {
 		t.Errorf("the plugin reads %+v", pc)
+	}
+}
+
+// Issue 15.8: a primary conflist that is a symlink stays one: the agent edits the file it leads
+// to, which the primary keeps updating (replacing the link would make the runtime ignore those
+// updates); uninstall does the same. A target the agent cannot reach, or a linked .conf it would
+// have to replace, is refused with a message.
+func TestSymlinkedPrimary(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(filepath.Join(e.confDir, "calico"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(e.confDir, "calico", "k8s.conflist.real")
+	writeFile(t, target, calico)
+	link := filepath.Join(e.confDir, "10-calico.conflist")
+	if err := os.Symlink("calico/k8s.conflist.real", link); err != nil {
+		t.Fatal(err)
+	}
+	a := e.agent(t)
+	isLink := func() bool { st, err := os.Lstat(link); return err == nil && st.Mode()&os.ModeSymlink != 0 }
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+		t.Fatalf("Reconcile = %+v, %v", s, err)
+	}
+	if !isLink() {
+		t.Fatal("the primary's symlink was replaced by a file")
+	}
+	if types := pluginTypes(t, readFile(t, target)); !slices.Equal(types, []string{"calico", "portmap", "detour-cni"}) {
+		t.Errorf("target plugins %v", types)
+	}
+	// The primary updates its target: the entry goes back into it.
+	writeFile(t, target, strings.Replace(calico, `"snat": true`, `"snat": false`, 1))
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, link); !strings.Contains(got, `"snat": false`) || !strings.Contains(got, `"type":"detour-cni"`) || !isLink() {
+		t.Errorf("after the primary's update (link %v):\n%s", isLink(), got)
+	}
+	if err := a.Uninstall(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if types := pluginTypes(t, readFile(t, target)); !slices.Equal(types, []string{"calico", "portmap"}) || !isLink() {
+		t.Errorf("after uninstall: target plugins %v, link %v", types, isLink())
+	}
+
+	for name, tc := range map[string]struct{ link, target, want string }{
+		"outside":     {"10-a.conflist", "/elsewhere/a.conflist", "outside the CNI config directory"},
+		"leaves":      {"10-b.conflist", "../b.conflist", "outside the CNI config directory"},
+		"linked conf": {"10-c.conf", "c.real", "symlink to a single-plugin configuration"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			writeFile(t, filepath.Join(e.confDir, "c.real"), `{"name":"c","cniVersion":"1.0.0","type":"bridge"}`)
+			writeFile(t, filepath.Join(filepath.Dir(e.confDir), "b.conflist"), `{"name":"b","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`)
+			if err := os.Symlink(tc.target, filepath.Join(e.confDir, tc.link)); err != nil {
+				t.Fatal(err)
+			}
+			if name == "outside" {
+				// A valid target for the runtime's loader: the agent's container sees another path.
+				os.Remove(filepath.Join(e.confDir, tc.link))
+				real := filepath.Join(t.TempDir(), "a.conflist")
+				writeFile(t, real, `{"name":"a","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`)
+				os.Symlink(real, filepath.Join(e.confDir, tc.link))
+			}
+			s, err := e.agent(t).Reconcile(context.Background())
+			if err == nil || !strings.Contains(err.Error(), tc.want) || s.EntryInPlace {
+				t.Errorf("Reconcile = %+v, %v; want a refusal with %q", s, err, tc.want)
+			}
+			if st, err := os.Lstat(filepath.Join(e.confDir, tc.link)); err != nil || st.Mode()&os.ModeSymlink == 0 {
+				t.Errorf("the link was replaced: %v", err)
+			}
+		})
+	}
+}
+
+// Issue 15.4: the ready label carries the boot it holds for; after a reboot the agent, started
+// again, marks the new boot (readers tell a stale label by the boot ID).
+func TestNodeReadinessMarksTheBoot(t *testing.T) {
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{BootID: "boot-1"}}}
+	client := fake.NewClientset(node)
+	e := newEnv(t)
+	e.flags.NodeName = "node-1"
+	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
+	if _, err := e.agent(t, nodeagent.WithNodeClient(client)).Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Labels[annotations.CNIReadyLabel] != "true" || got.Annotations[annotations.CNIReadyBootAnnotation] != "boot-1" {
+		t.Fatalf("labels %v annotations %v", got.Labels, got.Annotations)
+	}
+	// Reboot: the kubelet reports a new boot ID; the label is still there.
+	got.Status.NodeInfo.BootID = "boot-2"
+	client.CoreV1().Nodes().Update(context.Background(), got, metav1.UpdateOptions{})
+	if _, err := e.agent(t, nodeagent.WithNodeClient(client)).Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if got.Annotations[annotations.CNIReadyBootAnnotation] != "boot-2" {
+		t.Errorf("after the reboot: annotations %v, want boot-2", got.Annotations)
+	}
+}
+
+// Issue 15.3, as reported: the entry sits in an immutable file (chattr +i). Uninstall fails to
+// remove it and keeps the binary, kubeconfig and token that entry needs.
+func TestUninstallImmutableConflist(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to set the immutable attribute")
+	}
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	a := e.agent(t)
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("chattr", "+i", primary).CombinedOutput(); err != nil {
+		t.Skipf("cannot make the file immutable here: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", primary).Run() })
+	if err := a.Uninstall(context.Background()); err == nil || !strings.Contains(err.Error(), "kept") {
+		t.Fatalf("Uninstall = %v, want the entry reported and the files kept", err)
+	}
+	if !slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni") {
+		t.Fatal("the immutable file lost its entry")
+	}
+	for _, f := range []string{filepath.Join(e.binDir, "detour-cni"), filepath.Join(e.confDir, "detour-cni.kubeconfig"), filepath.Join(e.confDir, "detour-cni.token")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("%s removed while the entry remains: %v", f, err)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"slices"
 
 	"github.com/detourmesh/detour/cniplugin"
 )
@@ -61,6 +62,18 @@ func parseObject(data []byte, what string) ([]member, error) {
 	return members, nil
 }
 
+// marshal encodes v as JSON without HTML escaping: a key or value written "&", "<" or ">" stays
+// so (encoding/json's Marshal would write \u0026...). Equivalent JSON, but people diff these files.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
 // formatObject writes members as an indented JSON object.
 func formatObject(members []member) ([]byte, error) {
 	var b bytes.Buffer
@@ -69,7 +82,7 @@ func formatObject(members []member) ([]byte, error) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		key, err := json.Marshal(m.key)
+		key, err := marshal(m.key)
 		if err != nil {
 			return nil, err
 		}
@@ -95,6 +108,104 @@ func pluginType(plugin json.RawMessage) (string, error) {
 		return "", err
 	}
 	return p.Type, nil
+}
+
+// span is the byte range [start, end) of a JSON value in a document.
+type span struct{ start, end int }
+
+// pluginSpans returns where a conflist that splitPlugins accepted holds its "plugins" list and
+// each plugin, so that an edit can keep every other byte of the file as it was.
+func pluginSpans(conflist []byte) (list span, plugins []span, err error) {
+	next := func(dec *json.Decoder, base int) (span, error) {
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return span{}, err
+		}
+		end := base + int(dec.InputOffset())
+		return span{end - len(v), end}, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(conflist))
+	if _, err := dec.Token(); err != nil {
+		return list, nil, err
+	}
+	found := false
+	for dec.More() {
+		key, err := dec.Token()
+		if err != nil {
+			return list, nil, err
+		}
+		v, err := next(dec, 0)
+		if err != nil {
+			return list, nil, err
+		}
+		if key == "plugins" {
+			list, found = v, true
+		}
+	}
+	if !found {
+		return list, nil, errors.New(`the conflist has no "plugins" list`)
+	}
+	dec = json.NewDecoder(bytes.NewReader(conflist[list.start:list.end]))
+	if _, err := dec.Token(); err != nil {
+		return list, nil, err
+	}
+	for dec.More() {
+		p, err := next(dec, list.start)
+		if err != nil {
+			return list, nil, err
+		}
+		plugins = append(plugins, p)
+	}
+	return list, plugins, nil
+}
+
+// editPlugins returns conflist with the plugins for which drop is true removed and, when entry
+// is not nil, entry appended. Every other byte stays as it was: the other plugins, the other
+// keys, the indentation and the separators, so that the file changes only by detour's entry.
+func editPlugins(conflist []byte, drop func(json.RawMessage) bool, entry []byte) ([]byte, error) {
+	list, plugins, err := pluginSpans(conflist)
+	if err != nil {
+		return nil, err
+	}
+	var b bytes.Buffer
+	b.Write(conflist[:list.start+1]) // up to and with "["
+	sep := []byte(", ")
+	switch n := len(plugins); {
+	case n > 1:
+		sep = conflist[plugins[n-2].end:plugins[n-1].start] // as the file separates its plugins
+	case n == 1 && plugins[0].start > list.start+1:
+		// One plugin: put the entry on a line of its own when the plugin has one.
+		sep = append([]byte(","), conflist[list.start+1:plugins[0].start]...)
+	}
+	tail := conflist[list.end-1 : list.end] // "]", and before it what followed the last plugin
+	if n := len(plugins); n > 0 {
+		b.Write(conflist[list.start+1 : plugins[0].start]) // what preceded the first plugin
+		tail = conflist[plugins[n-1].end:list.end]
+	}
+	kept := 0
+	for i, p := range plugins {
+		if drop(json.RawMessage(conflist[p.start:p.end])) {
+			continue
+		}
+		if kept > 0 {
+			if i > 0 && !drop(json.RawMessage(conflist[plugins[i-1].start:plugins[i-1].end])) {
+				b.Write(conflist[plugins[i-1].end:p.start]) // the separator the file had here
+			} else {
+				b.Write(sep)
+			}
+		}
+		b.Write(conflist[p.start:p.end])
+		kept++
+	}
+	if entry != nil {
+		if kept > 0 {
+			b.Write(sep)
+		}
+		b.Write(entry)
+	}
+	b.Write(tail)
+	b.Write(conflist[list.end:])
+	return b.Bytes(), nil
 }
 
 // splitPlugins returns a conflist's members, the index of its "plugins" member and the plugins.
@@ -163,8 +274,8 @@ func entryInPlace(plugins []json.RawMessage, entry []byte) bool {
 }
 
 // InsertEntry returns conflist with entry (detour's plugin configuration, a JSON object of
-// type detour-cni) as its last plugin. Every other key and plugin is kept as written, in its
-// order. When entry is already in place — once, identical, after another plugin — conflist is
+// type detour-cni) as its last plugin. Every other byte is kept as written: the other keys and
+// plugins, in their order, and the file's formatting. When entry is already in place — once, identical, after another plugin — conflist is
 // returned unchanged with changed false, wherever the entry is: a plugin another agent appended
 // after detour's is left alone, so two agents never fight over the last place. Otherwise every
 // detour entry is dropped and entry appended.
@@ -172,57 +283,44 @@ func InsertEntry(conflist, entry []byte) (out []byte, changed bool, err error) {
 	if t, err := pluginType(entry); err != nil || t != PluginType {
 		return nil, false, fmt.Errorf("detour's entry must be a JSON object of type %q", PluginType)
 	}
-	members, idx, plugins, err := splitPlugins(conflist)
+	_, _, plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return nil, false, err
 	}
 	if entryInPlace(plugins, entry) {
 		return conflist, false, nil
 	}
-	kept := make([]json.RawMessage, 0, len(plugins)+1)
-	for _, p := range plugins {
-		if !isEntry(p) {
-			kept = append(kept, p)
-		}
-	}
-	if len(kept) == 0 {
+	if !slices.ContainsFunc(plugins, func(p json.RawMessage) bool { return !isEntry(p) }) {
 		return nil, false, fmt.Errorf("the conflist has no plugin besides %s: it is not a primary CNI configuration", PluginType)
 	}
 	var compact bytes.Buffer
 	if err := json.Compact(&compact, entry); err != nil {
 		return nil, false, fmt.Errorf("detour's entry: %w", err)
 	}
-	kept = append(kept, compact.Bytes())
-	if members[idx].value, err = json.Marshal(kept); err != nil {
-		return nil, false, err
-	}
-	out, err = formatObject(members)
+	out, err = editPlugins(conflist, isEntry, compact.Bytes())
 	return out, err == nil, err
 }
 
-// RemoveEntries returns conflist without detour's entries; changed is false when it had none.
-// It refuses to leave a list without plugins.
+// RemoveEntries returns conflist without detour's entries, every other byte as it was; changed
+// is false when it had none. It refuses to leave a list without plugins.
 func RemoveEntries(conflist []byte) (out []byte, changed bool, err error) {
-	members, idx, plugins, err := splitPlugins(conflist)
+	_, _, plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return nil, false, err
 	}
-	var kept []json.RawMessage
+	entries := 0
 	for _, p := range plugins {
-		if !isEntry(p) {
-			kept = append(kept, p)
+		if isEntry(p) {
+			entries++
 		}
 	}
-	if len(kept) == len(plugins) {
+	switch entries {
+	case 0:
 		return conflist, false, nil
-	}
-	if len(kept) == 0 {
+	case len(plugins):
 		return nil, false, fmt.Errorf("the conflist holds only %s entries; removing them would leave no plugin", PluginType)
 	}
-	if members[idx].value, err = json.Marshal(kept); err != nil {
-		return nil, false, err
-	}
-	out, err = formatObject(members)
+	out, err = editPlugins(conflist, isEntry, nil)
 	return out, err == nil, err
 }
 
@@ -252,8 +350,8 @@ func ConvertConf(conf []byte) ([]byte, error) {
 	if err := json.Compact(&compact, conf); err != nil {
 		return nil, err
 	}
-	name, _ := json.Marshal(net.Name)
-	version, _ := json.Marshal(net.CNIVersion)
+	name, _ := marshal(net.Name)
+	version, _ := marshal(net.CNIVersion)
 	return formatObject([]member{
 		{"cniVersion", version},
 		{"name", name},

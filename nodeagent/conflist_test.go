@@ -84,6 +84,34 @@ func TestInsertEntryAppendsAndPreserves(t *testing.T) {
 	}
 }
 
+// Issue 15.12: the primary's file changes only by detour's entry — other installers compare it,
+// operators diff it: no re-indentation, no HTML escaping, separators kept.
+func TestEditKeepsTheFilesBytes(t *testing.T) {
+	entry := compact(t, testEntry)
+	for _, tc := range []struct{ name, in, inserted, removed string }{
+		{"indented", calico, strings.Replace(calico, "true}}\n  ]", "true}},\n    "+entry+"\n  ]", 1), calico},
+		{"compact, HTML characters", `{"name":"a&b","plugins":[{"type":"bridge","<x>":"&000"}],"cniVersion":"1.0.0"}`,
+			`{"name":"a&b","plugins":[{"type":"bridge","<x>":"&000"}, ` + entry + `],"cniVersion":"1.0.0"}`,
+			`{"name":"a&b","plugins":[{"type":"bridge","<x>":"&000"}],"cniVersion":"1.0.0"}`},
+		{"stale entry in the middle", "{\"name\":\"n\",\"plugins\":[\n {\"type\":\"a\"},\n {\"type\":\"detour-cni\"},\n {\"type\":\"b\"}\n]}\n",
+			"{\"name\":\"n\",\"plugins\":[\n {\"type\":\"a\"},\n {\"type\":\"b\"},\n " + entry + "\n]}\n",
+			"{\"name\":\"n\",\"plugins\":[\n {\"type\":\"a\"},\n {\"type\":\"b\"}\n]}\n"},
+		{"stale entry first", `{"name":"n","plugins":[{"type":"detour-cni"}, {"type":"a"}]}`,
+			`{"name":"n","plugins":[{"type":"a"}, ` + entry + `]}`, `{"name":"n","plugins":[{"type":"a"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, changed, err := InsertEntry([]byte(tc.in), []byte(testEntry))
+			if err != nil || !changed || string(out) != tc.inserted {
+				t.Fatalf("InsertEntry = %v, %v:\n%s\nwant\n%s", changed, err, out, tc.inserted)
+			}
+			back, _, err := RemoveEntries(out)
+			if err != nil || string(back) != tc.removed {
+				t.Fatalf("RemoveEntries = %v:\n%s\nwant\n%s", err, back, tc.removed)
+			}
+		})
+	}
+}
+
 func mustParse(t testing.TB, b []byte) []member {
 	t.Helper()
 	m, err := parseObject(b, "test")
@@ -250,6 +278,13 @@ func FuzzInsertEntry(f *testing.F) {
 		if _, err := libcni.ConfListFromBytes(in); err == nil {
 			if _, err := libcni.ConfListFromBytes(out); err != nil {
 				t.Fatalf("libcni read the input but not the output: %v\n%s", err, out)
+			}
+		}
+		// Outside the plugins list the file is kept byte for byte.
+		if list, _, err := pluginSpans(in); err == nil {
+			outList, _, err := pluginSpans(out)
+			if err != nil || !bytes.Equal(in[:list.start], out[:outList.start]) || !bytes.Equal(in[list.end:], out[outList.end:]) {
+				t.Fatalf("bytes outside the plugins list changed (%v):\n%s\nbecame\n%s", err, in, out)
 			}
 		}
 		// Removing the entry again gives back the other plugins.

@@ -99,6 +99,24 @@ func TestIntegrationNodeReadiness(t *testing.T) {
 		t.Errorf("node ready but the primary holds %v", types)
 	}
 	eventually(t, "the agent reports ready", func() bool { ok, _ := a.Ready(); return ok })
+
+	// Issue 15.4: the config goes away after the first readiness (here the primary's file is
+	// removed, as by a reboot that cleared it): the label follows, and comes back with it.
+	if err := os.Remove(primary); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ready label goes with the config", func() bool {
+		got, err = client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+		return err == nil && got.Labels[annotations.CNIReadyLabel] == ""
+	})
+	if ok, _ := a.Ready(); ok {
+		t.Error("the agent reports ready without the config")
+	}
+	writeAtomic(t, primary, calico)
+	eventually(t, "the ready label comes back with the config", func() bool {
+		got, err = client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+		return err == nil && got.Labels[annotations.CNIReadyLabel] == "true"
+	})
 }
 
 func freeAddr(t *testing.T) string {
@@ -146,7 +164,7 @@ func TestIntegrationInstallCNICommand(t *testing.T) {
 	if hasStartupTaint(got) || got.Labels[annotations.CNIReadyLabel] != "true" {
 		t.Errorf("ready probe passes but the node is %v %v", got.Spec.Taints, got.Labels)
 	}
-	if !strings.Contains(readFile(t, primary), `"istio-system"`) || !strings.Contains(readFile(t, primary), `"logLevel": "debug"`) {
+	if !strings.Contains(readFile(t, primary), `"istio-system"`) || !strings.Contains(readFile(t, primary), `"logLevel":"debug"`) {
 		t.Errorf("flags not in the entry:\n%s", readFile(t, primary))
 	}
 

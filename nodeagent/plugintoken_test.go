@@ -222,8 +222,10 @@ func TestPluginTokenLifecycle(t *testing.T) {
 	}
 }
 
-// Without the permission to request the plugin's token, the agent writes no kubeconfig, token
-// or entry, never marks the node, and says what RBAC it needs.
+// Without the permission to request the plugin's token, the agent writes no kubeconfig or
+// token and never marks the node, and says what RBAC it needs; the entry goes in place all the
+// same (issue 15.5: it never waits for the API — pods whose annotations come from the runtime
+// need no token, the others fail closed and are retried).
 func TestPluginTokenForbidden(t *testing.T) {
 	clk := newClock()
 	client := fake.NewClientset(&corev1.Node{
@@ -251,13 +253,17 @@ func TestPluginTokenForbidden(t *testing.T) {
 			t.Errorf("%s written without the plugin's token: %v", f, err)
 		}
 	}
-	if types := pluginTypes(t, readFile(t, primary)); slices.Contains(types, "detour-cni") {
-		t.Errorf("entry added without the plugin's token: %v", types)
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"calico", "portmap", "detour-cni"}) {
+		t.Errorf("plugins %v: the entry must not wait for the plugin's token", types)
 	}
 	for _, act := range client.Actions() {
-		if act.GetResource().Resource == "nodes" {
-			t.Errorf("the node was touched without the plugin's token: %v", act)
+		if act.GetResource().Resource == "nodes" && act.GetVerb() != "get" {
+			t.Errorf("the node was changed without the plugin's token: %v", act)
 		}
+	}
+	node, _ := client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if len(node.Spec.Taints) != 1 {
+		t.Errorf("taints %v: the startup taint stays until the token is written", node.Spec.Taints)
 	}
 	if code, body := readyz(t, a); code != http.StatusServiceUnavailable || !strings.Contains(body, "serviceaccounts/token") {
 		t.Errorf("/readyz = %d %q", code, body)
@@ -405,5 +411,54 @@ func TestReconcileKeepsAPrimaryRewriteDuringTheTokenRequest(t *testing.T) {
 	got := readFile(t, primary)
 	if !strings.Contains(got, `"mtu": 1400`) || !slices.Equal(pluginTypes(t, got), []string{"calico", "portmap", "detour-cni"}) {
 		t.Errorf("the entry must be added to the rewritten file:\n%s", got)
+	}
+}
+
+// Issue 15.5: after a reboot the primary writes its file first, and the API server is not
+// reachable yet (kube-proxy is not up). The restarted agent puts its entry back at once: the
+// kubeconfig and token the previous agent wrote stay and keep working; it is not ready, and the
+// node keeps its label, until the token can be requested.
+func TestRestartedAgentRestoresEntryWithoutTheAPI(t *testing.T) {
+	clk := newClock()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	api := &tokenAPI{clock: clk.Now}
+	api.install(client)
+	e := pluginSAEnv(t)
+	e.flags.NodeName = "node-1"
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	if s, err := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithClock(clk.Now)).Reconcile(context.Background()); err != nil || !s.NodeReady {
+		t.Fatalf("first agent: %+v, %v", s, err)
+	}
+	token := readFile(t, filepath.Join(e.confDir, "detour-cni.token"))
+	kubeconfig := readFile(t, filepath.Join(e.confDir, "detour-cni.kubeconfig"))
+
+	// The reboot: the primary's file without the entry, a new agent, no API server.
+	writeFile(t, primary, calico)
+	api.fail(errors.New("dial tcp 10.96.0.1:443: connect: connection refused"))
+	clk.Advance(time.Minute)
+	a := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithClock(clk.Now))
+	s, err := a.Reconcile(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "connection refused") || s.ConfigInPlace || !s.EntryInPlace {
+		t.Fatalf("restarted agent without the API: %+v, %v; want the entry in place, not ready", s, err)
+	}
+	if types := pluginTypes(t, readFile(t, primary)); !slices.Equal(types, []string{"calico", "portmap", "detour-cni"}) {
+		t.Errorf("plugins %v: the entry waited for the API", types)
+	}
+	if readFile(t, filepath.Join(e.confDir, "detour-cni.token")) != token || readFile(t, filepath.Join(e.confDir, "detour-cni.kubeconfig")) != kubeconfig {
+		t.Error("the previous agent's token or kubeconfig was changed")
+	}
+	if code, _ := readyz(t, a); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz = %d, want 503 until the token is requested", code)
+	}
+	node, _ := client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if node.Labels[annotations.CNIReadyLabel] != "true" {
+		t.Errorf("labels %v: with the entry in place the label stays", node.Labels)
+	}
+	// The API comes back: ready.
+	api.fail(nil)
+	clk.Advance(time.Minute)
+	if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace || !s.NodeReady {
+		t.Fatalf("API back: %+v, %v", s, err)
 	}
 }

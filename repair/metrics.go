@@ -12,6 +12,11 @@ import (
 const (
 	// SkipNoController: a bare pod, annotated instead of deleted.
 	SkipNoController = "no-controller"
+	// SkipJob: a pod of a Job, annotated instead of deleted (the Job would count the deletion
+	// against its backoffLimit).
+	SkipJob = "job"
+	// SkipOwnerNotRecreating: a pod whose owner is not in --recreating-owners, annotated.
+	SkipOwnerNotRecreating = "owner-not-recreating"
 	// SkipAlreadyAnnotated: a bare pod annotated earlier (before a restart of the controller).
 	SkipAlreadyAnnotated = "already-annotated"
 	// SkipGone: the pod was deleted or replaced before the controller acted.
@@ -27,6 +32,8 @@ const (
 	ActionAnnotate = "annotate"
 	ActionEvent    = "event"
 	ActionReadNode = "read-node"
+	// ActionSaveBackoff: writing the owner backoff into the node annotation.
+	ActionSaveBackoff = "save-backoff"
 )
 
 // Metrics are the controller's Prometheus metrics.
@@ -56,7 +63,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		PodsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_skipped_total",
-			Help: "Failed pods not deleted, by reason: no-controller (annotated instead), already-annotated, gone.",
+			Help: "Failed pods not deleted, by reason: no-controller, job, owner-not-recreating (annotated instead), already-annotated, gone.",
 		}, []string{"reason"}),
 		PodsDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_deferred_total",

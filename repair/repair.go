@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,11 +49,20 @@ type Flags struct {
 	// RequireCNIReady makes the controller act only while its node carries the ready label
 	// (detour.dev/cni-ready=true): a pod recreated earlier could fail again on this node.
 	RequireCNIReady bool
+	// RecreatingOwners are the controllers, as group/Kind, known to recreate a pod that is
+	// deleted: only their pods are deleted. Every other owned pod is annotated like a bare one.
+	RecreatingOwners []string
 }
+
+// DefaultRecreatingOwners are the built-in controllers that replace a deleted pod without
+// counting it as a failure. Jobs are not among them: a Job counts a deleted pod against its
+// backoffLimit. Neither are Argo Workflows, Tekton, Spark or KubeVirt, whose pods are not
+// recreated when deleted.
+var DefaultRecreatingOwners = []string{"apps/ReplicaSet", "apps/StatefulSet", "apps/DaemonSet"}
 
 // DefaultFlags returns the defaults.
 func DefaultFlags() Flags {
-	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true}
+	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true, RecreatingOwners: slices.Clone(DefaultRecreatingOwners)}
 }
 
 // Config is a validated controller configuration; only [Flags.Parse] makes one.
@@ -61,6 +71,8 @@ type Config struct {
 	Rate            rate.Limit
 	Burst           int
 	RequireCNIReady bool
+	// RecreatingOwners holds the group/Kind of the controllers whose pods are deleted.
+	RecreatingOwners map[string]bool
 }
 
 // Parse validates the flags. Errors name the flag, the value and what a valid one looks like.
@@ -74,15 +86,35 @@ func (f Flags) Parse() (Config, error) {
 	if f.Burst < 1 || f.Burst > 1000 {
 		return Config{}, fmt.Errorf("invalid --burst %d: it must be from 1 to 1000", f.Burst)
 	}
-	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady}, nil
+	owners := map[string]bool{}
+	for _, o := range f.RecreatingOwners {
+		group, kind, ok := strings.Cut(o, "/")
+		if !ok || kind == "" || strings.Contains(kind, "/") || (group != "" && len(validation.IsDNS1123Subdomain(group)) > 0) {
+			return Config{}, fmt.Errorf("invalid --recreating-owners entry %q: it must be an API group and a kind, such as apps/ReplicaSet (/Kind for the core group)", o)
+		}
+		owners[o] = true
+	}
+	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady, RecreatingOwners: owners}, nil
 }
 
-// NeedsRepair reports whether pod is an injected pod, not being deleted, whose validator
-// terminated with [validator.ExitNoRedirect] — in its current state, or in its last one while
-// it waits to restart (Init:CrashLoopBackOff). A validator that since exited otherwise (it
-// passed after a new sandbox) is not a failure.
+// ownerKind is an owner reference as group/Kind.
+func ownerKind(ref *metav1.OwnerReference) string {
+	group, _, _ := strings.Cut(ref.APIVersion, "/")
+	if !strings.Contains(ref.APIVersion, "/") {
+		group = "" // the core group: "v1"
+	}
+	return group + "/" + ref.Kind
+}
+
+// NeedsRepair reports whether pod is an injected pod, not being deleted and not terminal, whose
+// validator terminated with [validator.ExitNoRedirect] — in its current state, or in its last
+// one while it waits to restart (Init:CrashLoopBackOff). A validator that since exited
+// otherwise (it passed after a new sandbox), or that is running again (it may pass), is not a
+// failure; neither is a Failed or Succeeded pod, which its controller already replaced or which
+// is done.
 func NeedsRepair(pod *corev1.Pod) bool {
-	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) {
+	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) ||
+		pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
 		return false
 	}
 	for _, s := range pod.Status.InitContainerStatuses {
@@ -91,6 +123,9 @@ func NeedsRepair(pod *corev1.Pod) bool {
 		}
 		if t := s.State.Terminated; t != nil {
 			return t.ExitCode == validator.ExitNoRedirect
+		}
+		if s.State.Running != nil {
+			return false
 		}
 		t := s.LastTerminationState.Terminated
 		return t != nil && t.ExitCode == validator.ExitNoRedirect
@@ -229,6 +264,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 		return errors.New("the pod cache did not sync")
 	}
+	c.loadBackoff(ctx)
 	c.log.Info("watching the node's pods", "node", c.cfg.NodeName)
 	go func() {
 		<-ctx.Done()
@@ -285,6 +321,9 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	c.mu.Unlock()
 
 	owner := metav1.GetControllerOf(pod)
+	if owner != nil && !c.cfg.RecreatingOwners[ownerKind(owner)] {
+		owner = nil // nothing recreates it when deleted: annotated like a bare pod
+	}
 	if owner == nil {
 		if _, ok := pod.Annotations[RecreateAnnotation]; ok {
 			c.markDone(pod)
@@ -318,6 +357,80 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, c.annotate(ctx, pod)
 	}
 	return 0, c.delete(ctx, pod, owner)
+}
+
+// BackoffAnnotation on the node holds the owner backoff (below), so that it survives the
+// controller's restart: a restarted controller that forgot it would delete a failing
+// replacement at once, and a crash-looping controller would delete in a loop.
+const BackoffAnnotation = annotations.Prefix + "repair-backoff"
+
+// savedOwner is one owner's backoff as the node annotation holds it.
+type savedOwner struct {
+	Deleted time.Time   `json:"deleted"`
+	Delay   string      `json:"delay"`
+	Known   []types.UID `json:"known"`
+}
+
+// loadBackoff reads the owner backoff a previous run saved on the node. A failure is logged:
+// the controller then starts without it, as before there was one.
+func (c *Controller) loadBackoff(ctx context.Context) {
+	node, err := c.client.CoreV1().Nodes().Get(ctx, c.cfg.NodeName, metav1.GetOptions{})
+	if err != nil {
+		c.log.Warn("could not read the saved owner backoff; starting without it", "node", c.cfg.NodeName, "err", err)
+		return
+	}
+	raw, ok := node.Annotations[BackoffAnnotation]
+	if !ok {
+		return
+	}
+	var saved map[types.UID]savedOwner
+	if err := json.Unmarshal([]byte(raw), &saved); err != nil {
+		c.log.Warn("the saved owner backoff is not valid; starting without it", "annotation", BackoffAnnotation, "err", err)
+		return
+	}
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for uid, o := range saved {
+		delay, err := time.ParseDuration(o.Delay)
+		if err != nil || now.Sub(o.Deleted) > ownerBackoffReset {
+			continue
+		}
+		known := map[types.UID]bool{}
+		for _, k := range o.Known {
+			known[k] = true
+		}
+		c.owners[uid] = &ownerState{known: known, deleted: o.Deleted, delay: min(delay, ownerBackoffMax)}
+	}
+	if len(c.owners) > 0 {
+		c.log.Info("restored the owner backoff saved on the node", "owners", len(c.owners))
+	}
+}
+
+// saveBackoff writes the owner backoff into the node annotation (a merge patch of that one
+// key). A failure is logged and counted: the backoff still holds in memory.
+func (c *Controller) saveBackoff(ctx context.Context) {
+	c.mu.Lock()
+	saved := make(map[types.UID]savedOwner, len(c.owners))
+	for uid, s := range c.owners {
+		o := savedOwner{Deleted: s.deleted, Delay: s.delay.String()}
+		for k := range s.known {
+			o.Known = append(o.Known, k)
+		}
+		slices.Sort(o.Known)
+		saved[uid] = o
+	}
+	c.mu.Unlock()
+	var value any // null removes the annotation
+	if len(saved) > 0 {
+		b, _ := json.Marshal(saved)
+		value = string(b)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]any{BackoffAnnotation: value}}})
+	if _, err := c.client.CoreV1().Nodes().Patch(ctx, c.cfg.NodeName, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component}); err != nil {
+		c.metrics.Errors.WithLabelValues(ActionSaveBackoff).Inc()
+		c.log.Error("save the owner backoff on the node (the service account needs patch on nodes)", "node", c.cfg.NodeName, "err", err)
+	}
 }
 
 // ownerWait is how long the deletion of pod must wait for its owner's backoff.
@@ -405,6 +518,7 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 		return err
 	}
 	c.deleted(pod, owner)
+	c.saveBackoff(ctx)
 	c.metrics.PodsDeleted.Inc()
 	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
 		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)
@@ -413,10 +527,23 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 	return nil
 }
 
-// annotate marks a bare pod, which detour never deletes: nothing would recreate it.
+// annotate marks a pod that detour does not delete, because nothing would recreate it the way
+// it was (a bare pod, or an owner not in --recreating-owners), or because its Job would count
+// the deletion against its backoffLimit.
 func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
-	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. It has no controller, so detour does not delete it: delete it and create it again from its manifest.",
+	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. ",
 		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName)
+	skip := SkipNoController
+	switch ref := metav1.GetControllerOf(pod); {
+	case ref == nil:
+		value += "It has no controller, so detour does not delete it: delete it and create it again from its manifest."
+	case ownerKind(ref) == "batch/Job":
+		skip = SkipJob
+		value += fmt.Sprintf("Its Job %s would count a deletion against its backoffLimit, so detour does not delete it: delete the pod if the Job has retries left (its replacement gets the redirect), or run the Job again.", ref.Name)
+	default:
+		skip = SkipOwnerNotRecreating
+		value += fmt.Sprintf("Its owner %s %s is not known to recreate deleted pods (repair's --recreating-owners), so detour does not delete it: recreate it through its owner (for example rerun the workflow or restart the VM).", ownerKind(ref), ref.Name)
+	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"uid":         pod.UID, // precondition: the pod that failed, not a namesake
 		"annotations": map[string]string{RecreateAnnotation: value},
@@ -425,8 +552,8 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 	if done, err := c.settle(pod, err, ActionAnnotate, "patch"); !done {
 		return err
 	}
-	c.metrics.PodsSkipped.WithLabelValues(SkipNoController).Inc()
-	c.log.Info("annotated bare pod; it must be recreated by hand", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
+	c.metrics.PodsSkipped.WithLabelValues(skip).Inc()
+	c.log.Info("annotated a pod detour does not delete; it must be recreated by hand", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "reason", skip)
 	c.event(ctx, pod, "Annotate", value+" (annotation "+RecreateAnnotation+")")
 	return nil
 }
@@ -477,7 +604,10 @@ func (c *Controller) nodeReady(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("read node %s: %w (the service account needs get on nodes)", c.cfg.NodeName, err)
 	}
-	ready := node.Labels[annotations.CNIReadyLabel] == "true"
+	// A label from before the node's last reboot is stale until the node agent, started again,
+	// has put detour's entry back and marked this boot (the kubelet reports the new boot ID).
+	boot := node.Status.NodeInfo.BootID
+	ready := node.Labels[annotations.CNIReadyLabel] == "true" && (boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot)
 	c.mu.Lock()
 	c.checkedAt = now
 	if ready {

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -78,9 +79,16 @@ func TestNeedsRepair(t *testing.T) {
 		{"terminated 42 now", func(p *corev1.Pod) {
 			p.Status.InitContainerStatuses[0].State, p.Status.InitContainerStatuses[0].LastTerminationState = terminated(42), corev1.ContainerState{}
 		}, true},
+		// Issue 15.6: running again in a new sandbox, it may pass: not deleted before it can.
 		{"running again after 42", func(p *corev1.Pod) {
 			p.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
-		}, true},
+		}, false},
+		// Issue 15.6: terminal pods are replaced already (restartPolicy Never) or done.
+		{"failed pod", func(p *corev1.Pod) {
+			p.Status.Phase = corev1.PodFailed
+			p.Status.InitContainerStatuses[0].State, p.Status.InitContainerStatuses[0].LastTerminationState = terminated(42), corev1.ContainerState{}
+		}, false},
+		{"succeeded pod", func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }, false},
 		{"passed since", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].State = terminated(0) }, false},
 		{"other failure", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].LastTerminationState = terminated(43) }, false},
 		{"not injected", func(p *corev1.Pod) { delete(p.Annotations, annotations.Injected) }, false},
@@ -112,6 +120,8 @@ func TestFlagsParse(t *testing.T) {
 		{func(f *Flags) { f.Rate = 0 }, "--rate 0"},
 		{func(f *Flags) { f.Rate = -1 }, "--rate -1"},
 		{func(f *Flags) { f.Burst = 0 }, "--burst 0"},
+		{func(f *Flags) { f.RecreatingOwners = []string{"ReplicaSet"} }, `--recreating-owners entry "ReplicaSet"`},
+		{func(f *Flags) { f.RecreatingOwners = []string{"apps/"} }, `--recreating-owners entry "apps/"`},
 	} {
 		f := DefaultFlags()
 		f.NodeName = "node-1"
@@ -436,4 +446,143 @@ func TestSyncOwnerBackoff(t *testing.T) {
 	replace("e")
 	now = t0.Add(time.Hour + time.Second)
 	sync("e", false, 29*time.Second) // from the base again
+}
+
+func owner(apiVersion, kind, name string) *metav1.OwnerReference {
+	yes := true
+	return &metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID("uid-" + kind + "-" + name), Controller: &yes}
+}
+
+// Issue 15.6: only owners known to recreate a deleted pod get it deleted; a Job's pod, and the
+// pods of owners that never recreate one (Argo Workflows, Tekton, Spark, KubeVirt), are
+// annotated with what to do instead. The list is configurable.
+func TestSyncDeletesOnlyForRecreatingOwners(t *testing.T) {
+	pods := map[string]*metav1.OwnerReference{
+		"rs":       owner("apps/v1", "ReplicaSet", "web"),
+		"sts":      owner("apps/v1", "StatefulSet", "db"),
+		"ds":       owner("apps/v1", "DaemonSet", "agent"),
+		"job":      owner("batch/v1", "Job", "migrate"),
+		"argo":     owner("argoproj.io/v1alpha1", "Workflow", "etl"),
+		"tekton":   owner("tekton.dev/v1", "TaskRun", "build"),
+		"kubevirt": owner("kubevirt.io/v1", "VirtualMachineInstance", "vm"),
+		"fake-rs":  owner("example.com/v1", "ReplicaSet", "x"), // same kind, another group
+	}
+	for _, tc := range []struct {
+		name    string
+		owners  []string
+		deleted []string
+		skip    map[string]string // pod: metric reason
+		message map[string]string // pod: part of the annotation
+	}{
+		{"defaults", DefaultRecreatingOwners, []string{"rs", "sts", "ds"},
+			map[string]string{"job": SkipJob, "argo": SkipOwnerNotRecreating, "tekton": SkipOwnerNotRecreating, "kubevirt": SkipOwnerNotRecreating, "fake-rs": SkipOwnerNotRecreating},
+			map[string]string{"job": "Its Job migrate would count a deletion against its backoffLimit", "argo": "Its owner argoproj.io/Workflow etl is not known to recreate deleted pods"}},
+		{"configured", []string{"apps/ReplicaSet", "argoproj.io/Workflow", "batch/Job"}, []string{"rs", "argo", "job"},
+			map[string]string{"sts": SkipOwnerNotRecreating}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var objs []*corev1.Pod
+			for name, o := range pods {
+				objs = append(objs, failedPod(name, o))
+			}
+			flags := DefaultFlags()
+			flags.RecreatingOwners, flags.Burst = tc.owners, 100
+			f := newFixture(t, flags, true, objs...)
+			for name := range pods {
+				if _, err := f.sync(t, name); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var deleted []string
+			for _, a := range f.actions("delete") {
+				deleted = append(deleted, a.(k8stesting.DeleteActionImpl).Name)
+			}
+			slices.Sort(deleted)
+			want := slices.Sorted(slices.Values(tc.deleted))
+			if !slices.Equal(deleted, want) {
+				t.Errorf("deleted %v, want %v", deleted, want)
+			}
+			for name, reason := range tc.skip {
+				pod, _ := f.client.CoreV1().Pods("shop").Get(context.Background(), name, metav1.GetOptions{})
+				if pod == nil || pod.Annotations[RecreateAnnotation] == "" {
+					t.Errorf("%s: not annotated", name)
+					continue
+				}
+				if m := tc.message[name]; m != "" && !strings.Contains(pod.Annotations[RecreateAnnotation], m) {
+					t.Errorf("%s: annotation %q lacks %q", name, pod.Annotations[RecreateAnnotation], m)
+				}
+				if value(f.c.metrics.PodsSkipped.WithLabelValues(reason)) == 0 {
+					t.Errorf("%s: skipped{%s} not counted", name, reason)
+				}
+			}
+		})
+	}
+}
+
+// Issue 15.6: the owner backoff survives the controller's restart (it is saved on the node).
+func TestOwnerBackoffSurvivesRestart(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("a", rsOwner("web")), failedPod("b", rsOwner("web")))
+	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	now := t0
+	f.c.now = func() time.Time { return now }
+	if _, err := f.sync(t, "a"); err != nil || len(f.actions("delete")) != 1 {
+		t.Fatalf("first deletion: %v, %v", err, f.actions("delete"))
+	}
+	// The replacement fails too; the controller restarts before it comes to it.
+	if _, err := f.client.CoreV1().Pods("shop").Create(context.Background(), failedPod("c", rsOwner("web")), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	flags := DefaultFlags()
+	flags.NodeName = "node-1"
+	cfg, err := flags.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(f.client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(prometheus.NewRegistry())))
+	c.now = func() time.Time { return now }
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	c.factory.Start(ctx.Done())
+	cache.WaitForCacheSync(ctx.Done(), c.synced)
+	c.loadBackoff(ctx)
+
+	now = t0.Add(2 * time.Second)
+	before := len(f.actions("delete"))
+	wait, err := c.sync(ctx, "shop/c")
+	if err != nil || wait != 28*time.Second || len(f.actions("delete")) != before {
+		t.Errorf("restarted controller on the replacement: wait %s, %v, deleted %v; want the saved backoff (28s)", wait, err, len(f.actions("delete")) > before)
+	}
+	// b failed together with a (known when a was deleted): no backoff after the restart either.
+	if wait, err := c.sync(ctx, "shop/b"); err != nil || wait != 0 || len(f.actions("delete")) != before+1 {
+		t.Errorf("sibling b: wait %s, %v", wait, err)
+	}
+	node, _ := f.client.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{})
+	if !strings.Contains(node.Annotations[BackoffAnnotation], `"rs-uid"`) {
+		t.Errorf("node annotation %q", node.Annotations[BackoffAnnotation])
+	}
+}
+
+// Issue 15.4: after a reboot the ready label is stale until the node agent has put detour's
+// entry back; the repair controller tells by the boot ID the label was set for.
+func TestSyncWaitsForThisBootsReadiness(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), true, failedPod("web-1", rsOwner("web-7d9f")))
+	node, _ := f.client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	node.Annotations = map[string]string{annotations.CNIReadyBootAnnotation: "boot-1"}
+	node.Status.NodeInfo.BootID = "boot-2" // rebooted; the agent has not marked this boot yet
+	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	f.c.now = func() time.Time { return now }
+	if retry, err := f.sync(t, "web-1"); err != nil || retry <= 0 || len(f.actions("delete")) != 0 {
+		t.Fatalf("sync on a stale label = %v, %v, %d deletes; want a retry later", retry, err, len(f.actions("delete")))
+	}
+	node.Annotations[annotations.CNIReadyBootAnnotation] = "boot-2"
+	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(nodeCheckInterval)
+	if _, err := f.sync(t, "web-1"); err != nil || len(f.actions("delete")) != 1 {
+		t.Fatalf("sync once this boot is marked = %v, %d deletes", err, len(f.actions("delete")))
+	}
 }

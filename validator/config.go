@@ -23,6 +23,10 @@ const (
 	// ExitPortInUse: another process already listens on the proxy's outbound port, so the check
 	// cannot tell whose listener a redirected connection would reach.
 	ExitPortInUse = 43
+	// ExitNoRoute: no family the pod has can reach its sentinel (no address of the family, or no
+	// route to the sentinel), so nothing could be checked: unknown, not "no redirect". The
+	// repair controller leaves such pods alone.
+	ExitNoRoute = 44
 )
 
 // Defaults of the flags. The sentinels are in documentation ranges (RFC 5737 TEST-NET-3,

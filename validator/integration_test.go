@@ -37,11 +37,22 @@ var (
 // cluster, and no traffic leaves the test's namespaces.
 func podNamespace(t *testing.T, dualStack bool) *testenv.NetNS {
 	t.Helper()
+	return podNamespaceOf(t, true, dualStack, true)
+}
+
+// podNamespaceOf is podNamespace with IPv4 and IPv6 each present or not, and the default routes
+// left out when routes is false.
+func podNamespaceOf(t *testing.T, ipv4, ipv6, routes bool) *testenv.NetNS {
+	t.Helper()
 	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	podAddrs := []netip.Prefix{netip.MustParsePrefix("10.250.0.2/24")}
-	peerAddrs := []netip.Prefix{netip.MustParsePrefix("10.250.0.1/24")}
-	gateways := []netip.Addr{netip.MustParseAddr("10.250.0.9")}
-	if dualStack {
+	var podAddrs, peerAddrs []netip.Prefix
+	var gateways []netip.Addr
+	if ipv4 {
+		podAddrs = append(podAddrs, netip.MustParsePrefix("10.250.0.2/24"))
+		peerAddrs = append(peerAddrs, netip.MustParsePrefix("10.250.0.1/24"))
+		gateways = append(gateways, netip.MustParseAddr("10.250.0.9"))
+	}
+	if ipv6 {
 		podAddrs = append(podAddrs, netip.MustParsePrefix("fd25::2/64"))
 		peerAddrs = append(peerAddrs, netip.MustParsePrefix("fd25::1/64"))
 		gateways = append(gateways, netip.MustParseAddr("fd25::9"))
@@ -68,9 +79,15 @@ func podNamespace(t *testing.T, dualStack bool) *testenv.NetNS {
 	if err != nil {
 		t.Fatalf("set up the pod namespace: %v", err)
 	}
-	testenv.AddRoute(t, pod, netip.MustParsePrefix("0.0.0.0/0"), gateways[0])
-	if dualStack {
-		testenv.AddRoute(t, pod, netip.MustParsePrefix("::/0"), gateways[1])
+	for _, gw := range gateways {
+		if !routes {
+			break
+		}
+		if gw.Is4() {
+			testenv.AddRoute(t, pod, netip.MustParsePrefix("0.0.0.0/0"), gw)
+		} else {
+			testenv.AddRoute(t, pod, netip.MustParsePrefix("::/0"), gw)
+		}
 	}
 	return pod
 }
@@ -162,6 +179,32 @@ func TestIntegrationValidatorBadFlags(t *testing.T) {
 		if res.ExitCode != validator.ExitUsage || res.Stderr == "" {
 			t.Errorf("validate %v: exit code %d, stderr %q; want %d and a message", args, res.ExitCode, res.Stderr, validator.ExitUsage)
 		}
+	}
+}
+
+// Issue 15.10: in an IPv6-only pod the validator checks IPv6 (the plugin's rules are there) and
+// passes, where it checked IPv4 and exited 42 before.
+func TestIntegrationValidatorIPv6Only(t *testing.T) {
+	ns := podNamespaceOf(t, false, true, true)
+	installRedirect(t, ns, iptables.IPv4, iptables.IPv6) // as the plugin does: IPv4 always
+	res := validate(t, ns, validatorID, "--port=4140", "--timeout=2s")
+	if res.ExitCode != validator.ExitOK {
+		t.Fatalf("exit code %d, want 0; stderr: %s", res.ExitCode, res.Stderr)
+	}
+	for _, want := range []string{"ipv6 connection to [2001:db8::fe]:80 came back to port 4140", "not checked: ipv4: the pod has no IPv4 address"} {
+		if !strings.Contains(res.Stdout, want) {
+			t.Errorf("stdout %q does not contain %q", res.Stdout, want)
+		}
+	}
+}
+
+// Issue 15.10: a pod that routes none of the sentinels cannot be checked: exit 44, told apart
+// from "no redirect" (42).
+func TestIntegrationValidatorNoRoute(t *testing.T) {
+	ns := podNamespaceOf(t, true, false, false)
+	res := validate(t, ns, validatorID, "--port=4140", "--timeout=1s")
+	if res.ExitCode != validator.ExitNoRoute || !strings.Contains(res.Stderr, "nothing to check the redirect with") || !strings.Contains(res.Stderr, "no route to 203.0.113.254:80") {
+		t.Fatalf("exit code %d, stderr %q; want %d", res.ExitCode, res.Stderr, validator.ExitNoRoute)
 	}
 }
 

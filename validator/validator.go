@@ -23,9 +23,11 @@ type Dialer interface {
 
 // Validator runs the check of one Config.
 type Validator struct {
-	cfg     Config
-	dialer  Dialer
-	hasIPv6 func() (bool, error)
+	cfg      Config
+	dialer   Dialer
+	hasIPv4  func() (bool, error)
+	hasIPv6  func() (bool, error)
+	routable func(network string, to netip.AddrPort) error
 }
 
 // Option configures a Validator.
@@ -38,9 +40,20 @@ func WithDialer(d Dialer) Option { return func(v *Validator) { v.dialer = d } }
 // IPv6 address on any interface).
 func WithIPv6Detector(f func() (bool, error)) Option { return func(v *Validator) { v.hasIPv6 = f } }
 
+// WithIPv4Detector replaces how the validator decides whether the pod has IPv4 (default: an
+// IPv4 address other than loopback on any interface).
+func WithIPv4Detector(f func() (bool, error)) Option { return func(v *Validator) { v.hasIPv4 = f } }
+
+// WithRouteCheck replaces how the validator finds out whether the pod has a route to a sentinel
+// (default: a UDP connect, which looks the route up without sending anything); its error says
+// why not.
+func WithRouteCheck(f func(network string, to netip.AddrPort) error) Option {
+	return func(v *Validator) { v.routable = f }
+}
+
 // New returns a Validator for cfg.
 func New(cfg Config, opts ...Option) *Validator {
-	v := &Validator{cfg: cfg, dialer: &net.Dialer{}, hasIPv6: hasGlobalIPv6}
+	v := &Validator{cfg: cfg, dialer: &net.Dialer{}, hasIPv4: hasIPv4, hasIPv6: hasGlobalIPv6, routable: routeTo}
 	for _, o := range opts {
 		o(v)
 	}
@@ -54,10 +67,11 @@ type Check struct {
 	Elapsed  time.Duration
 }
 
-// Result is what a successful run checked.
+// Result is what a successful run checked, and which families it could not check.
 type Result struct {
-	Port   uint16
-	Checks []Check
+	Port    uint16
+	Checks  []Check
+	Skipped []string // "ipv6: no route to [2001:db8::fe]:80 (...)"
 }
 
 // String is the line `detour validate` prints on success.
@@ -66,7 +80,11 @@ func (r Result) String() string {
 	for i, c := range r.Checks {
 		parts[i] = fmt.Sprintf("%s connection to %s came back to port %d in %s", c.Family, c.Sentinel, r.Port, c.Elapsed.Round(time.Microsecond))
 	}
-	return "redirect in place: " + strings.Join(parts, "; ")
+	line := "redirect in place: " + strings.Join(parts, "; ")
+	if len(r.Skipped) > 0 {
+		line += " (not checked: " + strings.Join(r.Skipped, "; ") + ")"
+	}
+	return line
 }
 
 // family is one IP family's part of the check.
@@ -83,16 +101,9 @@ type family struct {
 // returns within the configured timeout; its error is an [*Error] whose Code is the exit code.
 func (v *Validator) Run(ctx context.Context) (Result, error) {
 	res := Result{Port: v.cfg.Port}
-	families := []family{{"ipv4", "tcp4", "127.0.0.1", v.cfg.Sentinel}}
-	check6 := v.cfg.IPv6 == IPv6On
-	if v.cfg.IPv6 == IPv6Auto {
-		var err error
-		if check6, err = v.hasIPv6(); err != nil {
-			return res, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv6 (%v): set --ipv6=on or --ipv6=off", err)}
-		}
-	}
-	if check6 {
-		families = append(families, family{"ipv6", "tcp6", "::1", v.cfg.Sentinel6})
+	families, err := v.families(&res)
+	if err != nil {
+		return res, err
 	}
 
 	token, err := newToken()
@@ -136,6 +147,79 @@ func (v *Validator) Run(ctx context.Context) (Result, error) {
 		return res, nil
 	}
 	return res, v.noRedirect(families, failed, len(res.Checks) > 0)
+}
+
+// families returns the families to check: IPv4 when the pod has an IPv4 address, IPv6 as --ipv6
+// says, each only when the pod has a route to its sentinel. A family left out is noted in res;
+// when none is left, nothing can be checked (ExitNoRoute), which is not "no redirect".
+func (v *Validator) families(res *Result) ([]family, error) {
+	has4, err := v.hasIPv4()
+	if err != nil {
+		return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv4 (%v)", err)}
+	}
+	check6 := v.cfg.IPv6 == IPv6On
+	if v.cfg.IPv6 == IPv6Auto {
+		if check6, err = v.hasIPv6(); err != nil {
+			return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv6 (%v): set --ipv6=on or --ipv6=off", err)}
+		}
+	}
+	var families []family
+	if has4 {
+		families = append(families, family{"ipv4", "tcp4", "127.0.0.1", v.cfg.Sentinel})
+	} else {
+		res.Skipped = append(res.Skipped, "ipv4: the pod has no IPv4 address")
+	}
+	if check6 {
+		families = append(families, family{"ipv6", "tcp6", "::1", v.cfg.Sentinel6})
+	} else if v.cfg.IPv6 == IPv6Auto {
+		res.Skipped = append(res.Skipped, "ipv6: the pod has no global IPv6 address")
+	}
+	var routed []family
+	for _, f := range families {
+		if err := v.routable(f.network, f.sentinel); err != nil {
+			res.Skipped = append(res.Skipped, fmt.Sprintf("%s: no route to %s (%v)", f.name, f.sentinel, err))
+			continue
+		}
+		routed = append(routed, f)
+	}
+	if len(routed) == 0 {
+		return nil, &Error{Code: ExitNoRoute, Msg: fmt.Sprintf(
+			"nothing to check the redirect with: %s; a connection the pod cannot route never reaches the redirect, so this is not a missing redirect — set the validator's sentinel (and sentinel6) to addresses this pod routes (webhook config validator.sentinel), or --ipv6=off for a pod without IPv6",
+			strings.Join(res.Skipped, "; "))}
+	}
+	return routed, nil
+}
+
+// routeTo reports whether the namespace has a route to addr: connecting a UDP socket looks the
+// route up and sends nothing.
+func routeTo(network string, to netip.AddrPort) error {
+	udp := "udp4"
+	if network == "tcp6" {
+		udp = "udp6"
+	}
+	c, err := net.DialUDP(udp, nil, net.UDPAddrFromAddrPort(to))
+	if err != nil {
+		if errors.Is(err, syscall.ENETUNREACH) {
+			return errors.New("the network is unreachable")
+		}
+		return err
+	}
+	return c.Close()
+}
+
+// hasIPv4 reports whether an interface of the current network namespace has an IPv4 address
+// other than loopback.
+func hasIPv4() (bool, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return false, fmt.Errorf("list interface addresses: %w", err)
+	}
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // noRedirect builds the one-line ExitNoRedirect message: expected, happened, likely cause.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -157,7 +159,7 @@ func TestRunRedirected(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freePort(t)
-			res, err := validator.New(config(t, port, tc.mode), validator.WithDialer(redirectDialer{port}), has6(tc.podHas6)).Run(context.Background())
+			res, err := newValidator(config(t, port, tc.mode), validator.WithDialer(redirectDialer{port}), has6(tc.podHas6)).Run(context.Background())
 			if err != nil {
 				t.Fatalf("Run: %v", err)
 			}
@@ -207,7 +209,7 @@ func TestRunNotRedirected(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freePort(t)
-			_, err := validator.New(config(t, port, validator.IPv6Off), validator.WithDialer(tc.dialer(t))).Run(context.Background())
+			_, err := newValidator(config(t, port, validator.IPv6Off), validator.WithDialer(tc.dialer(t))).Run(context.Background())
 			if code := validator.Code(err); code != validator.ExitNoRedirect {
 				t.Fatalf("exit code %d (%v), want %d", code, err, validator.ExitNoRedirect)
 			}
@@ -223,7 +225,7 @@ func TestRunNotRedirected(t *testing.T) {
 func TestRunOneFamilyMissing(t *testing.T) {
 	port := freePort(t)
 	d := familyDialer{v4: redirectDialer{port}, v6: errDialer{syscall.ENETUNREACH}}
-	_, err := validator.New(config(t, port, validator.IPv6Auto), validator.WithDialer(d), has6(true)).Run(context.Background())
+	_, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(d), has6(true)).Run(context.Background())
 	if validator.Code(err) != validator.ExitNoRedirect {
 		t.Fatalf("Run = %v, want exit %d", err, validator.ExitNoRedirect)
 	}
@@ -244,7 +246,7 @@ func TestRunPortInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	_, err = validator.New(config(t, port, validator.IPv6Off), validator.WithDialer(redirectDialer{port})).Run(context.Background())
+	_, err = newValidator(config(t, port, validator.IPv6Off), validator.WithDialer(redirectDialer{port})).Run(context.Background())
 	if validator.Code(err) != validator.ExitPortInUse {
 		t.Fatalf("Run = %v, want exit %d", err, validator.ExitPortInUse)
 	}
@@ -256,8 +258,53 @@ func TestRunPortInUse(t *testing.T) {
 func TestRunIPv6DetectionFails(t *testing.T) {
 	port := freePort(t)
 	detect := validator.WithIPv6Detector(func() (bool, error) { return false, errors.New("netlink: permission denied") })
-	_, err := validator.New(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), detect).Run(context.Background())
+	_, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), detect).Run(context.Background())
 	if validator.Code(err) != validator.ExitFailure || !strings.Contains(err.Error(), "set --ipv6=on or --ipv6=off") {
 		t.Errorf("Run = %v (exit %d), want exit %d naming the fix", err, validator.Code(err), validator.ExitFailure)
+	}
+}
+
+// newValidator is validator.New for a pod with an IPv4 address and routes to every sentinel;
+// opts may override both.
+func newValidator(cfg validator.Config, opts ...validator.Option) *validator.Validator {
+	return validator.New(cfg, append([]validator.Option{
+		validator.WithIPv4Detector(func() (bool, error) { return true, nil }),
+		validator.WithRouteCheck(func(string, netip.AddrPort) error { return nil }),
+	}, opts...)...)
+}
+
+// Issue 15.10: an IPv6-only pod is checked over IPv6 only (it has no IPv4 to be redirected).
+func TestRunIPv6Only(t *testing.T) {
+	port := freePort(t)
+	no4 := validator.WithIPv4Detector(func() (bool, error) { return false, nil })
+	res, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), has6(true), no4).Run(context.Background())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(res.Checks) != 1 || res.Checks[0].Family != "ipv6" || !strings.Contains(res.String(), "not checked: ipv4: the pod has no IPv4 address") {
+		t.Errorf("result %q", res)
+	}
+}
+
+// Issue 15.10: a family the pod cannot route is "no route to check with" (exit 44), not "no
+// redirect" (42, which the repair controller acts on); with another family checked, it passes.
+func TestRunNoRoute(t *testing.T) {
+	port := freePort(t)
+	noRoute := func(families ...string) validator.Option {
+		return validator.WithRouteCheck(func(network string, _ netip.AddrPort) error {
+			if slices.Contains(families, network) {
+				return errors.New("the network is unreachable")
+			}
+			return nil
+		})
+	}
+	_, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), has6(false), noRoute("tcp4")).Run(context.Background())
+	if validator.Code(err) != validator.ExitNoRoute || !strings.Contains(err.Error(), "nothing to check the redirect with: ipv6: the pod has no global IPv6 address; ipv4: no route to 203.0.113.254:80 (the network is unreachable)") ||
+		!strings.Contains(err.Error(), "not a missing redirect") {
+		t.Errorf("Run = %v (exit %d), want exit %d", err, validator.Code(err), validator.ExitNoRoute)
+	}
+	res, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), has6(true), noRoute("tcp6")).Run(context.Background())
+	if err != nil || len(res.Checks) != 1 || !strings.Contains(res.String(), "not checked: ipv6: no route to [2001:db8::fe]:80") {
+		t.Errorf("Run = %q, %v; want the ipv4 check and ipv6 noted", res, err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -125,13 +126,24 @@ func (c *checker) iptables() {
 // cniConfig checks the configuration file the runtime uses, as the node agent maintains it.
 func (c *checker) cniConfig(dir string) {
 	primary, err := nodeagent.Primary(dir)
-	if err != nil || primary == "" {
-		c.fail("CNI configuration in %s: none found (%v); the primary CNI has not written its configuration yet, and the node agent waits for it", dir, err)
+	switch {
+	case err != nil:
+		c.fail("CNI configuration in %s: %v", dir, err)
+		return
+	case primary == "":
+		c.fail("CNI configuration in %s: none found; the primary CNI has not written its configuration yet, and the node agent waits for it", dir)
 		return
 	}
 	data, err := os.ReadFile(primary)
 	if err != nil {
 		c.fail("read %s: %v", primary, err)
+		return
+	}
+	if list, err := loadConfList(primary, data); err != nil {
+		c.fail("%s cannot be loaded as a CNI configuration: %v", primary, err)
+		return
+	} else if err := nodeagent.CheckCNIVersion(list); err != nil {
+		c.fail("%s: %v (the node agent refuses to chain into it and removes detour's entry)", filepath.Base(primary), err)
 		return
 	}
 	var list struct {
@@ -171,6 +183,18 @@ func (c *checker) cniConfig(dir string) {
 			c.ok("the plugin's kubeconfig %s is there", conf.Kubeconfig)
 		}
 	}
+}
+
+// loadConfList parses a configuration file as the runtime does.
+func loadConfList(path string, data []byte) (*libcni.NetworkConfigList, error) {
+	if filepath.Ext(path) == ".conflist" {
+		return libcni.ConfListFromBytes(data)
+	}
+	conf, err := libcni.ConfFromBytes(data)
+	if err != nil {
+		return nil, err
+	}
+	return libcni.ConfListFromConf(conf)
 }
 
 // podRules compares the live rules in netns with the ones the pod's annotations call for.

@@ -24,7 +24,9 @@ func TestCheckCNIConfig(t *testing.T) {
 		files map[string]string
 		want  string
 	}{
-		{"no config", nil, "none found"},
+		{"no config", nil, "none found; the primary CNI"},
+		{"unsupported version", map[string]string{"10-bridge.conf": `{"cniVersion":"0.2.0","name":"k8s","type":"bridge"}`},
+			`✗ 10-bridge.conf: network "k8s" declares cniVersion "0.2.0", which detour-cni does not speak`},
 		{"primary only", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`},
 			"has no detour-cni entry"},
 		{"detour first", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"detour-cni"},{"type":"bridge"}]}`},
@@ -50,7 +52,7 @@ func TestCheckCNIConfig(t *testing.T) {
 			var out bytes.Buffer
 			c := &checker{out: &out}
 			c.cniConfig(dir)
-			if !strings.Contains(out.String(), tc.want) {
+			if !strings.Contains(out.String(), tc.want) || strings.Contains(out.String(), "<nil>") {
 				t.Errorf("check printed\n%s\nwant it to contain %q", out.String(), tc.want)
 			}
 			if strings.Contains(tc.want, "✗") || !strings.HasPrefix(tc.want, "✓") {

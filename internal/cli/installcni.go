@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,6 +26,8 @@ func newInstallCNICommand() *cobra.Command {
 		hold       bool
 		healthAddr string
 		kubeconfig string
+		podName    = os.Getenv("POD_NAME")
+		podNS      = os.Getenv("POD_NAMESPACE")
 	)
 	cmd := &cobra.Command{
 		Use:   "install-cni",
@@ -34,8 +37,11 @@ detour-cni binary, a kubeconfig for it, and detour's entry at the end of the con
 uses; it puts the entry back whenever the primary rewrites its file, keeps the plugin's token fresh
 (requested for --plugin-service-account through the TokenRequest API, or else a copy of the agent's
 own), and once everything is in place removes the node's startup taint and labels the node
-detour.dev/cni-ready=true. On SIGTERM it leaves everything in place; --uninstall removes it, and
-with --hold stays up and ready afterwards. See docs/node-agent.md.`,
+detour.dev/cni-ready=true (and removes the label whenever the entry is out of place later). On
+SIGTERM it leaves everything in place — unless, with --pod-name and --pod-namespace, it finds
+that the DaemonSet running it is being deleted (helm uninstall): then it removes detour from the
+node first. --uninstall removes it, and with --hold stays up and ready afterwards. See
+docs/node-agent.md.`,
 		Example: `  # In the DaemonSet (host's /etc/cni/net.d and /opt/cni/bin mounted under /host), the plugin with
   # its own service account detour-cni in the agent's namespace:
   detour install-cni --node-name=$(NODE_NAME) --plugin-service-account=detour-cni
@@ -63,7 +69,11 @@ with --hold stays up and ready afterwards. See docs/node-agent.md.`,
 				return err
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", "install-cni", "node", cfg.NodeName)
-			agent := nodeagent.New(cfg, nodeagent.WithNodeClient(client), nodeagent.WithLogger(log))
+			opts := []nodeagent.Option{nodeagent.WithNodeClient(client), nodeagent.WithLogger(log)}
+			if !uninstall {
+				opts = append(opts, nodeagent.WithOwnPod(podNS, podName))
+			}
+			agent := nodeagent.New(cfg, opts...)
 			if uninstall && !hold {
 				if err := agent.Uninstall(cmd.Context()); err != nil {
 					return fmt.Errorf("uninstall: %w", err)
@@ -113,6 +123,8 @@ with --hold stays up and ready afterwards. See docs/node-agent.md.`,
 	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")
 	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
+	fl.StringVar(&podName, "pod-name", podName, "the agent's own pod (default $POD_NAME, downward API metadata.name): at SIGTERM it uninstalls when the DaemonSet running that pod is being deleted; empty: never")
+	fl.StringVar(&podNS, "pod-namespace", podNS, "the namespace of --pod-name (default $POD_NAMESPACE)")
 	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
 	fl.BoolVar(&hold, "hold", false, "with --uninstall: after removing everything, keep running and report ready on /readyz until SIGTERM (the chart's uninstall mode)")
 	return cmd

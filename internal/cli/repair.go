@@ -20,9 +20,12 @@ func newRepairCommand() *cobra.Command {
 		Use:   "repair",
 		Short: "Recreate this node's injected pods whose validator found no redirect (DaemonSet)",
 		Long: `repair watches the pods of its own node. An injected pod whose detour-validator init container exited
-with code 42 (no redirect: the pod started before detour's CNI config was in place) is deleted when a
-controller owns it, so the controller recreates it with the redirect; a bare pod is never deleted, it
-gets an Event and the annotation detour.dev/recreate-required. Repairs wait until the node carries
+with code 42 (no redirect: the pod started before detour's CNI config was in place) is deleted when its
+controller is one known to recreate it (--recreating-owners: ReplicaSet, StatefulSet, DaemonSet), so the
+controller recreates it with the redirect; any other pod (bare, a Job's, a workflow's) is never deleted,
+it gets an Event and the annotation detour.dev/recreate-required. Terminal pods, and pods whose
+validator is running again, are left alone; the per-owner backoff is saved on the node
+(detour.dev/repair-backoff) and survives a restart. Repairs wait until the node carries
 detour.dev/cni-ready=true, are rate-limited, and each is recorded as an Event (reason DetourCNIRepair)
 and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 		Example: `  # In the DaemonSet, next to install-cni:
@@ -56,6 +59,7 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name; only its pods are watched (default $NODE_NAME)")
 	fl.Float64Var(&f.Rate, "rate", f.Rate, "sustained repairs (deletions and annotations) per second")
 	fl.IntVar(&f.Burst, "burst", f.Burst, "repairs allowed at once")
+	fl.StringSliceVar(&f.RecreatingOwners, "recreating-owners", f.RecreatingOwners, "owners (group/Kind) known to recreate a deleted pod: only their failed pods are deleted; every other pod, a Job's included, is annotated detour.dev/recreate-required instead")
 	fl.BoolVar(&f.RequireCNIReady, "require-cni-ready", f.RequireCNIReady, "repair only while the node carries detour.dev/cni-ready=true (a pod recreated earlier could fail again)")
 	fl.StringVar(&httpAddr, "http-addr", ":9642", `address of /metrics, /healthz and /readyz; "" disables them`)
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's API client (default: in-cluster service account)")

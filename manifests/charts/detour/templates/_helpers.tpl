@@ -22,6 +22,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 to detour's own image. */}}
 {{- define "detour.webhookConfig" -}}
 {{- $config := deepCopy .Values.webhook.config -}}
+{{- if and (not (dig "proxy" "image" "" $config)) (not .Values.renderBundle) -}}
+{{- fail "webhook.config.proxy.image is required: set it to your mesh's proxy image, for example --set webhook.config.proxy.image=ghcr.io/example/proxy:v1 (detour ships no proxy)" -}}
+{{- end -}}
 {{- $validator := default (dict) $config.validator -}}
 {{- if not $validator.image -}}
 {{- $_ := set $validator "image" (include "detour.image" .) -}}

@@ -489,6 +489,34 @@ func TestMutate(t *testing.T) {
 			want: want{denial: []string{`init container "migrate", which detour.dev/init-egress leaves out, runs as the proxy's UID 2102, so its traffic would bypass the proxy`}},
 		},
 		{
+			name: "a pod with a user namespace of its own is denied, naming hostUsers",
+			pod: func() *corev1.Pod {
+				p := newPod()
+				p.Spec.HostUsers = ptr(false)
+				return p
+			}(),
+			want: want{denial: []string{"spec.hostUsers is false", "set hostUsers: true", annotations.Inject + ": disabled"}},
+		},
+		{
+			name: "hostUsers: true is injected as usual",
+			pod: func() *corev1.Pod {
+				p := newPod()
+				p.Spec.HostUsers = ptr(true)
+				return p
+			}(),
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids("")},
+		},
+		{
+			name: "a user-namespaced pod in a namespace that is not opted in is skipped, not denied",
+			ns:   map[string]string{},
+			pod: func() *corev1.Pod {
+				p := newPod()
+				p.Spec.HostUsers = ptr(false)
+				return p
+			}(),
+			want: want{outcome: Skipped},
+		},
+		{
 			name:   "a sidecar running as the proxy UID is denied under deny, in native mode too",
 			cfg:    "conflictPolicy: deny",
 			native: true,

@@ -52,8 +52,24 @@ func setUpNodeNetwork(n netSpec) error {
 			return fmt.Errorf("bring %s up: %w", name, err)
 		}
 	}
+	// A route to the Service range, as a node's default route gives it: without one, a
+	// host-network process's connect to the ClusterIP fails before the output hook can
+	// translate it ("network is unreachable").
+	l, err := netlink.LinkByName(n.Link)
+	if err != nil {
+		return err
+	}
+	_, services, err := net.ParseCIDR(serviceCIDR)
+	if err != nil {
+		return err
+	}
+	route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: services, Src: n.NodeIP.AsSlice(), Scope: netlink.SCOPE_LINK}
+	if err := netlink.RouteAdd(route); err != nil {
+		return fmt.Errorf("route the Service range %s over %s: %w", serviceCIDR, n.Link, err)
+	}
 	return serviceDNAT(n)
 }
+
 
 // serviceDNAT plays kube-proxy for the kubernetes Service: ServiceIP:443 goes to
 // NodeIP:APIPort, from pods (prerouting) and from the node itself (output).

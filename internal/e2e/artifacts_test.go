@@ -1,0 +1,64 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+
+	"github.com/detourmesh/detour/internal/e2e/images"
+	"github.com/detourmesh/detour/internal/image"
+)
+
+// artifacts are what the e2e installs: detour's image, built the way `make image` builds it,
+// and the test images (pause, the test proxy, the workload in its three USER variants).
+type artifacts struct {
+	dir      string
+	tarballs []string
+	refs     images.Refs
+	// repo and tag of detour's image.
+	repo, tag string
+	// workloadBin is the workload program, for the test server outside the pods.
+	workloadBin string
+}
+
+const e2eVersion = "v0.0.0-e2e"
+
+func buildArtifacts(ctx context.Context, root string) (*artifacts, error) {
+	dir, err := os.MkdirTemp("", "detour-e2e-artifacts-")
+	if err != nil {
+		return nil, err
+	}
+	a := &artifacts{dir: dir, repo: "detour.test/detour", tag: "e2e"}
+	for _, cmd := range []string{"detour", "detour-cni"} {
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath",
+			"-ldflags", "-s -w -X github.com/detourmesh/detour/internal/version.Version="+e2eVersion,
+			"-o", filepath.Join(dir, cmd), "./cmd/"+cmd)
+		build.Dir = root
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("go build %s: %w\n%s", cmd, err, out)
+		}
+	}
+	spec := image.DetourSpec(dir, e2eVersion)
+	spec.Ref = a.repo + ":" + a.tag
+	img, err := image.Build(spec)
+	if err != nil {
+		return nil, err
+	}
+	detourTar := filepath.Join(dir, "detour.tar")
+	if err := image.WriteTarball(detourTar, map[string]v1.Image{spec.Ref: img}); err != nil {
+		return nil, err
+	}
+	built, err := images.Build(ctx, filepath.Join(dir, "test-images"))
+	if err != nil {
+		return nil, err
+	}
+	a.tarballs = []string{detourTar, built.Tarball}
+	a.refs = built.Refs
+	a.workloadBin = built.Bin("workload")
+	return a, nil
+}

@@ -1,8 +1,0 @@
-package e2e
-
-import (
-	"os"
-	"testing"
-)
-
-func TestMain(m *testing.M) { ServeHolder(); os.Exit(m.Run()) }

@@ -1,0 +1,641 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/repair"
+)
+
+// TestE2E runs the user stories on the real node, in the order a cluster lives them. Each
+// story is a subtest; a later one relies on what the earlier ones installed.
+func TestE2E(t *testing.T) {
+	e := setUp(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	defer cancel()
+	stories := []struct {
+		name string
+		run  func(*testing.T, context.Context, *env)
+	}{
+		{"seed000/pods-wait-for-the-agent", seed000Startup},
+		{"seed003/demo-container-mode", seed003Demo},
+		{"seed003/image-users-keep-egress", seed003ImageUsers},
+		{"seed003/native-sidecar-job", seed003NativeJob},
+		{"seed003/user-namespaces", seed003UserNamespaces},
+		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
+		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
+		{"kubectl/warnings", kubectlWarnings},
+		{"seed000/repair-after-the-node-broke", seed000Repair},
+		{"uninstall/helm", uninstallHelm},
+		{"install/manifest", installManifest},
+	}
+	for _, s := range stories {
+		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e) }) && ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// seed000Startup: pods of an opted-in Deployment stay Pending on the tainted node under the
+// real scheduler until the node agent has chained detour-cni and removed the taint; then they
+// run with their rules and the validator passes.
+func seed000Startup(t *testing.T, ctx context.Context, e *env) {
+	e.installDetour(t, ctx, "")
+	e.namespace(t, ctx, "shop", true)
+	dep := e.deployment("web", "shop", 2)
+	if _, err := e.node.Client.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The scheduler says why it does not place them: a taint, and the node has only detour's.
+	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != StartupTaint {
+		t.Fatalf("node %s has taints %v, want only %s", NodeName, node.Spec.Taints, StartupTaint)
+	}
+	waitFor(t, ctx, "the scheduler to hold web's pods back for the startup taint", time.Minute, func() (bool, error) {
+		pods, err := e.pods(ctx, "shop", "app=web")
+		if err != nil || len(pods) != 2 {
+			return false, err
+		}
+		for _, p := range pods {
+			if p.Spec.NodeName != "" {
+				return false, fmt.Errorf("pod %s was scheduled onto %s while the node was tainted", p.Name, p.Spec.NodeName)
+			}
+			if !unschedulableForTaint(&p) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+
+	e.setAgent(t, ctx, true)
+	waitFor(t, ctx, "the node agent to remove the startup taint and set the ready label", time.Minute, func() (bool, error) {
+		node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, taint := range node.Spec.Taints {
+			if taint.Key == StartupTaint {
+				return false, nil
+			}
+		}
+		return node.Labels["detour.dev/cni-ready"] == "true", nil
+	})
+	pods := e.waitReady(t, ctx, "shop", "app=web", 2)
+	for _, p := range pods {
+		if !annotations.IsInjected(p.Annotations) {
+			t.Errorf("pod %s is not injected: %v", p.Name, p.Annotations)
+		}
+		if code := initExit(&p, "detour-validator"); code != 0 {
+			t.Errorf("pod %s: the validator exited %d, want 0", p.Name, code)
+		}
+	}
+	e.assertCaptured(t, ctx, pods[0], "web")
+}
+
+// seed003Demo: testdata/workloads/demo.yaml — a root init container that downloads from a
+// server outside the pod — completes in container mode; the app's connections pass through
+// the proxy, outbound to the right original destination and inbound.
+func seed003Demo(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "demo", false)
+	dep := e.demoDeployment(t)
+	if _, err := e.node.Client.AppsV1().Deployments("demo").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.waitReady(t, ctx, "demo", "app=demo", 1)
+	p := pods[0]
+	if got := p.Annotations[annotations.ExemptGIDs]; got == "" {
+		t.Errorf("fetch runs as root: want it exempted through a dedicated GID, annotations %v", p.Annotations)
+	}
+	if log := e.logs(ctx, "demo", p.Name, "fetch"); !strings.Contains(log, "dial "+e.server+" ok") {
+		t.Errorf("fetch did not reach %s directly:\n%s", e.server, log)
+	}
+	e.assertCaptured(t, ctx, p, "web")
+}
+
+// seed003ImageUsers: init containers whose image's USER is unset, numeric or a name from the
+// image's /etc/passwd keep egress in container mode.
+func seed003ImageUsers(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "users", true)
+	pod := e.pod("image-users", "users")
+	pod.Annotations = map[string]string{"detour.dev/sidecar-mode": "container"}
+	pod.Spec.InitContainers = nil
+	for _, img := range []struct{ name, ref string }{
+		{"unset", e.art.refs.Workload}, {"numeric", e.art.refs.WorkloadNumeric}, {"named", e.art.refs.WorkloadNamed},
+	} {
+		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
+			Name: "user-" + img.name, Image: img.ref, ImagePullPolicy: corev1.PullNever,
+			Args: []string{"dial", "-must", "-addr", e.server},
+		})
+	}
+	if _, err := e.node.Client.CoreV1().Pods("users").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "users", "name=image-users", 1)[0]
+	for _, c := range p.Spec.InitContainers {
+		if !strings.HasPrefix(c.Name, "user-") {
+			continue
+		}
+		if log := e.logs(ctx, "users", p.Name, c.Name); !strings.Contains(log, "dial "+e.server+" ok") {
+			t.Errorf("%s did not reach %s directly:\n%s", c.Name, e.server, log)
+		}
+	}
+}
+
+// seed003UserNamespaces: a pod with hostUsers: false gets a user namespace of its own, and
+// containerd creates its network namespace inside it. The kernel accepts owner matches only
+// from a writer inside that user namespace, which detour-cni is not (this story first ran
+// such a pod: every ADD failed with "RULE_APPEND failed (Invalid argument)" and the pod never
+// got a sandbox). So the webhook refuses the pod with the reason and the fix, and the same pod
+// with hostUsers: true runs.
+func seed003UserNamespaces(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "userns", true)
+	pod := e.pod("userns", "userns")
+	pod.Spec.HostUsers = ptr.To(false)
+	_, err := e.node.Client.CoreV1().Pods("userns").Create(ctx, pod, metav1.CreateOptions{})
+	if err == nil || !strings.Contains(err.Error(), "spec.hostUsers is false") || !strings.Contains(err.Error(), "set hostUsers: true") {
+		t.Fatalf("creating a pod with hostUsers: false: got %v, want the webhook's refusal naming spec.hostUsers", err)
+	}
+	pod.Spec.HostUsers = ptr.To(true)
+	if _, err := e.node.Client.CoreV1().Pods("userns").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "userns", "name=userns", 1)[0]
+	if code := initExit(&p, "detour-validator"); code != 0 {
+		t.Errorf("the validator exited %d, want 0", code)
+	}
+}
+
+// seed003NativeJob: in native-sidecar mode the proxy starts before the user's init
+// containers (their traffic goes through it) and a Job completes.
+func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "batch", true)
+	pod := e.pod("report", "batch")
+	pod.Annotations = map[string]string{"detour.dev/sidecar-mode": "native"}
+	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
+	pod.Spec.Containers[0].Args = []string{"dial", "-must", "-addr", e.server}
+	job := &batchv1.Job{
+		ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: "batch"},
+		Spec: batchv1.JobSpec{
+			BackoffLimit: ptr.To[int32](0),
+			Template:     corev1.PodTemplateSpec{ObjectMeta: pod.ObjectMeta, Spec: pod.Spec},
+		},
+	}
+	job.Spec.Template.Name, job.Spec.Template.Namespace = "", ""
+	if _, err := e.node.Client.BatchV1().Jobs("batch").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "Job report to complete", 2*time.Minute, func() (bool, error) {
+		j, err := e.node.Client.BatchV1().Jobs("batch").Get(ctx, "report", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if j.Status.Failed > 0 {
+			return false, fmt.Errorf("job failed:\n%s", e.describe(ctx, "batch"))
+		}
+		return j.Status.Succeeded == 1, nil
+	})
+	pods, err := e.pods(ctx, "batch", "batch.kubernetes.io/job-name=report")
+	if err != nil || len(pods) != 1 {
+		t.Fatalf("the Job's pod: %v (%d pods)", err, len(pods))
+	}
+	p := pods[0]
+	if first := p.Spec.InitContainers[0].Name; first != "detour-validator" {
+		t.Errorf("first init container %s, want detour-validator", first)
+	}
+	proxy := p.Spec.InitContainers[1]
+	if proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("second init container %s (restartPolicy %v), want the native detour-proxy", proxy.Name, proxy.RestartPolicy)
+	}
+	// Both the init container's and the app's dial went through the proxy.
+	if log := e.logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.server) < 2 {
+		t.Errorf("the proxy did not carry both the init container's and the app's connection to %s:\n%s", e.server, log)
+	}
+}
+
+// seed002NoNsenter: the runtime runs every plugin with a PATH that holds no nsenter and
+// nothing else of util-linux, and the stories above ran on it.
+func seed002NoNsenter(t *testing.T, ctx context.Context, e *env) {
+	pid := e.node.pids["containerd"]
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var path string
+	for kv := range strings.SplitSeq(string(environ), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	if path == "" {
+		t.Fatalf("containerd (pid %d) has no PATH", pid)
+	}
+	for dir := range strings.SplitSeq(path, ":") {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, ent := range entries {
+			switch name := ent.Name(); {
+			case name == "nsenter", name == "unshare", name == "mount", name == "setpriv":
+				t.Errorf("containerd's PATH %s holds %s/%s", path, dir, name)
+			}
+		}
+	}
+	if added := e.pluginLog(t, "ADD", "redirected"); len(added) == 0 {
+		t.Errorf("detour-cni installed no redirect on this node; log:\n%s", tail(readFile(e.pluginLogPath()), 20))
+	}
+}
+
+// runtimeAnnotations: containerd hands the pod's annotations to detour-cni (the plugin's log
+// names that source) and the API server sees no GET of a pod from the plugin.
+func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
+	added := e.pluginLog(t, "ADD", "redirected")
+	if len(added) == 0 {
+		t.Fatal("no ADD installed a redirect yet")
+	}
+	for _, l := range added {
+		if l.Annotations != "runtimeConfig" {
+			t.Errorf("the ADD of %s read the annotations from %q, not from the runtime", l.Pod, l.Annotations)
+		}
+	}
+	audit := readFile(e.node.AuditLogPath())
+	var gets int
+	for line := range strings.SplitSeq(audit, "\n") {
+		var ev struct {
+			Verb string `json:"verb"`
+			User struct {
+				Username string `json:"username"`
+			} `json:"user"`
+		}
+		if json.Unmarshal([]byte(line), &ev) != nil {
+			continue
+		}
+		if ev.Verb == "get" && ev.User.Username == "system:serviceaccount:"+detourNamespace+":detour-cni" {
+			gets++
+		}
+	}
+	if gets != 0 {
+		t.Errorf("the API server saw %d GETs of pods by detour-cni; want 0 (annotations come from the runtime)", gets)
+	}
+	if strings.Count(audit, "\n") == 0 {
+		t.Error("the audit log is empty: the check above proves nothing")
+	}
+	// containerd polls STATUS; the node's network stays ready.
+	if status := e.pluginLog(t, "STATUS", "ready"); len(status) == 0 {
+		t.Errorf("containerd never called STATUS (or detour-cni logged none)")
+	}
+}
+
+// kubectlWarnings: a real `kubectl apply` prints detour's admission warnings.
+func kubectlWarnings(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "warn", true)
+	manifest := fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: root-init
+  namespace: warn
+  annotations:
+    detour.dev/sidecar-mode: container
+spec:
+  automountServiceAccountToken: false
+  initContainers:
+    - name: migrate
+      image: %[1]s
+      imagePullPolicy: Never
+      args: [dial, -must, -addr, %[2]s]
+      securityContext: {runAsUser: 0}
+  containers:
+    - name: app
+      image: %[1]s
+      imagePullPolicy: Never
+      args: [serve, -listen, ":8080"]
+`, e.art.refs.Workload, e.server)
+	path := e.node.Dir + "/warn-pod.yaml"
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stdout, stderr, err := e.node.Kubectl(ctx, "apply", "-f", path)
+	if err != nil {
+		t.Fatalf("kubectl apply: %v\n%s%s", err, stdout, stderr)
+	}
+	if !strings.Contains(stderr, "Warning:") || !strings.Contains(stderr, "migrate") || !strings.Contains(stderr, "GID") {
+		t.Errorf("kubectl apply printed no warning about migrate's GID; stderr:\n%s", stderr)
+	}
+	e.waitReady(t, ctx, "warn", "", 1)
+}
+
+// seed000Repair: with the agent gone and detour's entry removed behind its back, a new pod
+// starts without rules and its validator fails; once the agent is back, repair deletes the
+// pod, its ReplicaSet recreates it and it runs. A bare pod is annotated, never deleted.
+func seed000Repair(t *testing.T, ctx context.Context, e *env) {
+	e.setAgent(t, ctx, false)
+	if err := e.node.WritePrimaryConfig(); err != nil {
+		t.Fatal(err)
+	}
+	e.namespace(t, ctx, "late", true)
+	if _, err := e.node.Client.AppsV1().Deployments("late").Create(ctx, e.deployment("late", "late", 1), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.node.Client.CoreV1().Pods("late").Create(ctx, e.pod("bare", "late"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var failed map[string]string // pod name → UID
+	waitFor(t, ctx, "both pods' validators to fail (no rules)", 2*time.Minute, func() (bool, error) {
+		pods, err := e.pods(ctx, "late", "")
+		if err != nil {
+			return false, err
+		}
+		failed = map[string]string{}
+		for _, p := range pods {
+			if initExit(&p, "detour-validator") == 42 {
+				failed[p.Name] = string(p.UID)
+			}
+		}
+		return len(failed) == 2, nil
+	})
+
+	e.setAgent(t, ctx, true)
+	replaced := e.waitReady(t, ctx, "late", "app=late", 1)[0]
+	if _, stale := failed[replaced.Name]; stale {
+		t.Errorf("the Deployment's pod %s was not recreated", replaced.Name)
+	}
+	if code := initExit(&replaced, "detour-validator"); code != 0 {
+		t.Errorf("the recreated pod's validator exited %d", code)
+	}
+	waitFor(t, ctx, "repair to annotate the bare pod", time.Minute, func() (bool, error) {
+		p, err := e.node.Client.CoreV1().Pods("late").Get(ctx, "bare", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if string(p.UID) != failed["bare"] {
+			return false, fmt.Errorf("the bare pod was replaced")
+		}
+		_, ok := p.Annotations[repair.RecreateAnnotation]
+		return ok, nil
+	})
+}
+
+// uninstallHelm: `helm uninstall` leaves no detour entry in the node's conflist, running
+// pods keep working, new pods start uninjected.
+func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
+	web, err := e.pods(ctx, "shop", "app=web")
+	if err != nil || len(web) == 0 {
+		t.Fatalf("no web pod to keep running: %v", err)
+	}
+	if out, err := e.node.Helm(ctx, "uninstall", "detour", "--namespace", detourNamespace, "--wait", "--timeout", "2m"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
+		data, err := os.ReadFile(e.node.PrimaryConfigPath())
+		return err == nil && !strings.Contains(string(data), "detour-cni"), err
+	})
+	e.assertCaptured(t, ctx, web[0], "web")
+	if _, err := e.node.Client.CoreV1().Pods("shop").Create(ctx, e.pod("after", "shop"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "shop", "name=after", 1)[0]
+	if annotations.IsInjected(p.Annotations) || len(p.Spec.InitContainers) != len(e.pod("after", "shop").Spec.InitContainers) {
+		t.Errorf("a pod created after uninstall was injected: %v", p.Spec.InitContainers)
+	}
+}
+
+// installManifest: manifests/install.yaml, applied with kubectl, runs detour as the chart
+// does: the webhook injects, the node agent chains the plugin, an injected pod runs with its
+// rules. Only what a cluster admin on another node would change changes: the CNI directories
+// are the node's, and the images the manifest names are tags of the ones built for the e2e.
+// Deleting the manifest takes detour's entry out of the conflist again.
+func installManifest(t *testing.T, ctx context.Context, e *env) {
+	manifest := readFile(filepath.Join(e.root, "manifests", "install.yaml"))
+	// The manifest names no proxy: its ConfigMap asks for one, as a user sets it.
+	if !strings.Contains(manifest, "\n      image: \"\"\n") {
+		t.Fatal(`install.yaml has no empty proxy image (image: "") to set`)
+	}
+	manifest = strings.Replace(manifest, "\n      image: \"\"\n", "\n      image: "+e.art.refs.Proxy+"\n", 1)
+	for _, m := range regexp.MustCompile(`image: (ghcr\.io/detourmesh/detour:\S+)`).FindAllStringSubmatch(manifest, -1) {
+		src := e.art.repo + ":" + e.art.tag
+		if out, err := e.node.Run(ctx, e.node.ctr("images", "tag", "--force", src, m[1])...); err != nil {
+			t.Fatalf("tag %s as %s: %v\n%s", src, m[1], err, out)
+		}
+	}
+	manifest = strings.NewReplacer("/etc/cni/net.d", e.node.CNIConfDir, "/opt/cni/bin", e.node.CNIBinDir).Replace(manifest)
+	path := filepath.Join(e.node.Dir, "install.yaml")
+	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if stdout, stderr, err := e.node.Kubectl(ctx, "apply", "-f", path); err != nil {
+		t.Fatalf("kubectl apply -f install.yaml: %v\n%s%s", err, stdout, stderr)
+	}
+	for _, rollout := range []string{"deployment/detour-webhook", "daemonset/detour-node-agent"} {
+		if stdout, stderr, err := e.node.Kubectl(ctx, "-n", detourNamespace, "rollout", "status", rollout, "--timeout=3m"); err != nil {
+			t.Fatalf("kubectl rollout status %s: %v\n%s%s\n%s", rollout, err, stdout, stderr, e.describe(ctx, detourNamespace))
+		}
+	}
+	e.namespace(t, ctx, "manifest", true)
+	if _, err := e.node.Client.CoreV1().Pods("manifest").Create(ctx, e.pod("m", "manifest"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "manifest", "name=m", 1)[0]
+	if !annotations.IsInjected(p.Annotations) {
+		t.Errorf("pod m is not injected: %v", p.Annotations)
+	}
+	if code := initExit(&p, "detour-validator"); code != 0 {
+		t.Errorf("pod m: the validator exited %d, want 0", code)
+	}
+	e.assertCaptured(t, ctx, p, "m")
+
+	if stdout, stderr, err := e.node.Kubectl(ctx, "delete", "-f", path, "--wait", "--timeout=2m"); err != nil {
+		t.Fatalf("kubectl delete -f install.yaml: %v\n%s%s", err, stdout, stderr)
+	}
+	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
+		data, err := os.ReadFile(e.node.PrimaryConfigPath())
+		return err == nil && !strings.Contains(string(data), "detour-cni"), err
+	})
+}
+
+// pod is an opted-in test pod: an init container that dials the test server (it must reach
+// it) and an app that serves on 8080, running as UID 1000.
+func (e *env) pod(name, ns string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"name": name}},
+		Spec: corev1.PodSpec{
+			AutomountServiceAccountToken:  ptr.To(false),
+			TerminationGracePeriodSeconds: ptr.To[int64](2),
+			InitContainers: []corev1.Container{{
+				Name: "init", Image: e.art.refs.Workload, ImagePullPolicy: corev1.PullNever,
+				Args:            []string{"dial", "-must", "-addr", e.server},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1500)},
+			}},
+			Containers: []corev1.Container{{
+				Name: "app", Image: e.art.refs.Workload, ImagePullPolicy: corev1.PullNever,
+				Args:            []string{"dial", "-retry", "30s", "-addr", e.server, "then", "serve", "-listen", ":8080"},
+				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
+					PeriodSeconds: 1,
+				},
+			}},
+		},
+	}
+}
+
+// deployment runs replicas of pod in ns with label app=name.
+func (e *env) deployment(name, ns string, replicas int32) *appsv1.Deployment {
+	p := e.pod(name, ns)
+	labels := map[string]string{"app": name}
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: p.Spec},
+		},
+	}
+}
+
+func (e *env) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
+	list, err := e.node.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return nil, err
+	}
+	return list.Items, nil
+}
+
+// waitReady waits until n pods of ns matching selector are Ready and returns them.
+func (e *env) waitReady(t testing.TB, ctx context.Context, ns, selector string, n int) []corev1.Pod {
+	t.Helper()
+	var ready []corev1.Pod
+	err := poll(ctx, 2*time.Minute, func() (bool, error) {
+		pods, err := e.pods(ctx, ns, selector)
+		if err != nil {
+			return false, err
+		}
+		ready = ready[:0]
+		for _, p := range pods {
+			if p.DeletionTimestamp == nil && podReady(&p) {
+				ready = append(ready, p)
+			}
+		}
+		return len(ready) == n, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %d ready pods %q in %s: %v\n%s", n, selector, ns, err, e.describe(ctx, ns))
+	}
+	return ready
+}
+
+// unschedulableForTaint reports whether the scheduler marked p unschedulable for a taint
+// it does not tolerate (the scheduler's message does not name the taint; the story checks
+// that the node carries no other).
+func unschedulableForTaint(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "untolerated taint") {
+			return true
+		}
+	}
+	return false
+}
+
+// assertCaptured checks both directions of pod's redirect: a connection from the node to
+// the app's port reaches the app through the proxy's inbound listener, and the app's own
+// dial to the test server went through the proxy to the right original destination.
+func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, app string) {
+	t.Helper()
+	conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+	if err != nil {
+		t.Fatalf("dial the app of %s: %v", p.Name, err)
+	}
+	buf := make([]byte, 512)
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	n, _ := conn.Read(buf)
+	conn.Close()
+	reply := string(buf[:n])
+	if !strings.Contains(reply, "127.0.0.1") && !strings.Contains(reply, "::1") {
+		t.Errorf("the app of %s saw a connection that did not come through the proxy: %q", p.Name, reply)
+	}
+	proxyLog := e.logs(ctx, p.Namespace, p.Name, "detour-proxy")
+	if !strings.Contains(proxyLog, "proxy inbound") {
+		t.Errorf("the proxy of %s logged no inbound connection:\n%s", p.Name, proxyLog)
+	}
+	if !strings.Contains(proxyLog, "-> "+e.server) {
+		t.Errorf("the proxy of %s did not carry the app's connection to %s:\n%s", p.Name, e.server, proxyLog)
+	}
+}
+
+// pluginEntry is one line of detour-cni's log (JSON, one per command).
+type pluginEntry struct {
+	Command     string `json:"command"`
+	Pod         string `json:"pod"`
+	Decision    string `json:"decision"`
+	Annotations string `json:"annotations"`
+	Duration    string `json:"duration"`
+	Error       string `json:"error"`
+}
+
+// pluginLog returns detour-cni's log entries for command; decision, when set, must match.
+func (e *env) pluginLog(t testing.TB, command, decision string) []pluginEntry {
+	t.Helper()
+	var out []pluginEntry
+	for line := range strings.SplitSeq(readFile(e.pluginLogPath()), "\n") {
+		var l pluginEntry
+		if json.Unmarshal([]byte(line), &l) != nil {
+			continue
+		}
+		if l.Command == command && (decision == "" || l.Decision == decision) {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func readFile(p string) string {
+	data, _ := os.ReadFile(p)
+	return string(data)
+}
+
+// demoDeployment is testdata/workloads/demo.yaml with its busybox commands played by the
+// workload image (the node has no registry): fetch dials the test server as root, web dials
+// it through the proxy and then serves. Everything else — the opt-in, container mode, the
+// users, the volume — is the file's.
+func (e *env) demoDeployment(t testing.TB) *appsv1.Deployment {
+	t.Helper()
+	data, err := os.ReadFile(e.root + "/testdata/workloads/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dep appsv1.Deployment
+	if err := yaml.UnmarshalStrict(data, &dep); err != nil {
+		t.Fatal(err)
+	}
+	dep.Namespace = "demo"
+	spec := &dep.Spec.Template.Spec
+	for i := range spec.InitContainers {
+		c := &spec.InitContainers[i]
+		c.Image, c.ImagePullPolicy, c.Command = e.art.refs.Workload, corev1.PullNever, nil
+		c.Args = []string{"dial", "-must", "-addr", e.server}
+	}
+	for i := range spec.Containers {
+		c := &spec.Containers[i]
+		c.Image, c.ImagePullPolicy, c.Command = e.art.refs.Workload, corev1.PullNever, nil
+		c.Args = []string{"dial", "-retry", "30s", "-addr", e.server, "then", "serve", "-listen", ":8080"}
+	}
+	return &dep
+}

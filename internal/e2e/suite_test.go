@@ -1,0 +1,286 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"sigs.k8s.io/yaml"
+)
+
+// The e2e suite shares one node between its stories, in the order a cluster lives them: a new
+// node joins tainted, detour is installed, workloads run, the node breaks and is repaired,
+// detour is uninstalled and installed again from install.yaml. TestMain stops the node.
+
+const (
+	detourNamespace = "detour-system"
+	// serverPort is where the test server outside every pod listens, on the node's IP.
+	serverPort = 8080
+)
+
+// env is the shared node with detour's artifacts.
+type env struct {
+	node *Node
+	art  *artifacts
+	root string // the module's root
+	// server is the address of the test server outside the pods ("the internet").
+	server string
+}
+
+var shared struct {
+	once sync.Once
+	env  *env
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	ServeHolder()
+	code := m.Run()
+	if shared.env != nil {
+		if err := shared.env.node.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "e2e: stop the node:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// setUp returns the shared node, starting it on first use: the artifacts are built, the node
+// registers with detour's startup taint, and the test server runs outside the pods.
+func setUp(t testing.TB) *env {
+	t.Helper()
+	bin := requireNode(t)
+	shared.once.Do(func() { shared.env, shared.err = newEnv(bin) })
+	if shared.err != nil {
+		t.Fatalf("set up the node: %v", shared.err)
+	}
+	return shared.env
+}
+
+func newEnv(bin string) (*env, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	root, err := moduleRoot()
+	if err != nil {
+		return nil, err
+	}
+	art, err := buildArtifacts(ctx, root)
+	if err != nil {
+		return nil, fmt.Errorf("build detour's image and the test images: %w", err)
+	}
+	n, err := Start(ctx, bin, Options{
+		Taints:     []string{StartupTaint + ":NoSchedule"},
+		Images:     art.tarballs,
+		PauseImage: art.refs.Pause,
+	})
+	if err != nil {
+		return nil, err
+	}
+	e := &env{node: n, art: art, root: root, server: fmt.Sprintf("%s:%d", nodeIP, serverPort)}
+	argv := []string{art.workloadBin, "serve", "-listen", e.server}
+	if _, err := n.holder.start(argv, n.env(), n.logPath("test-server"), ""); err != nil {
+		n.Stop()
+		return nil, fmt.Errorf("start the test server: %w", err)
+	}
+	return e, nil
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module's root: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// installDetour installs (or upgrades) detour's chart with the e2e values and extra, and
+// waits for the webhook; the node agent is scheduled only on nodes labelled
+// e2e.detour.dev/agent=yes, so a story decides when it arrives.
+func (e *env) installDetour(t testing.TB, ctx context.Context, extra string) {
+	t.Helper()
+	values := filepath.Join(e.node.Dir, "values.yaml")
+	if err := os.WriteFile(values, []byte(e.values()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	extraPath := filepath.Join(e.node.Dir, "values-extra.yaml")
+	if err := os.WriteFile(extraPath, []byte(extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := e.node.Helm(ctx, "upgrade", "--install", "detour", filepath.Join(e.root, "manifests", "charts", "detour"),
+		"--namespace", detourNamespace, "--create-namespace", "--values", values, "--values", extraPath, "--wait", "--timeout", "4m")
+	if err != nil {
+		t.Fatalf("helm install detour: %v\n%s\n%s", err, out, e.describe(ctx, detourNamespace))
+	}
+}
+
+// agentLabel gates the node agent's DaemonSet in the e2e values.
+const agentLabel = "e2e.detour.dev/agent"
+
+// values are the chart values the e2e installs with: detour's image as built, the test proxy,
+// the node's CNI directories, the plugin's log where the test reads it.
+func (e *env) values() string {
+	return fmt.Sprintf(`createNamespace: false
+image:
+  repository: %s
+  tag: %s
+  pullPolicy: Never
+webhook:
+  replicas: 1
+  failurePolicy: Fail
+  config:
+    proxy:
+      image: %s
+      imagePullPolicy: Never
+      startupProbe:
+        tcpSocket: {port: 4191}
+        periodSeconds: 1
+        failureThreshold: 30
+nodeAgent:
+  cniConfDir: %s
+  cniBinDir: %s
+  resync: 2s
+  nodeSelector:
+    %s: "yes"
+  plugin:
+    logLevel: debug
+    logFile: %s
+  repair:
+    rate: 5
+    burst: 5
+`, e.art.repo, e.art.tag, e.art.refs.Proxy, e.node.CNIConfDir, e.node.CNIBinDir, agentLabel, e.pluginLogPath())
+}
+
+func (e *env) pluginLogPath() string { return filepath.Join(e.node.Dir, "logs", "detour-cni.log") }
+
+// setAgent puts the node agent on the node (present) or takes it away.
+func (e *env) setAgent(t testing.TB, ctx context.Context, present bool) {
+	t.Helper()
+	value := "null"
+	if present {
+		value = `"yes"`
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, agentLabel, value)
+	if _, err := e.node.Client.CoreV1().Nodes().Patch(ctx, NodeName, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for the DaemonSet's pod to be there and ready, or gone.
+	waitFor(t, ctx, "the node agent's pod to be "+map[bool]string{true: "ready", false: "gone"}[present], 2*time.Minute, func() (bool, error) {
+		pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-agent"})
+		if err != nil {
+			return false, err
+		}
+		if !present {
+			return len(pods.Items) == 0, nil
+		}
+		return len(pods.Items) == 1 && podReady(&pods.Items[0]), nil
+	})
+}
+
+// namespace creates ns, opted in to injection when inject is set, and waits for its default
+// ServiceAccount.
+func (e *env) namespace(t testing.TB, ctx context.Context, ns string, inject bool) {
+	t.Helper()
+	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}
+	if inject {
+		obj.Annotations = map[string]string{"detour.dev/inject": "enabled"}
+	}
+	if _, err := e.node.Client.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if err := e.node.waitServiceAccount(ctx, ns); err != nil {
+		t.Fatalf("namespace %s has no default ServiceAccount: %v", ns, err)
+	}
+}
+
+// waitFor polls cond until it holds; on timeout the test fails naming what.
+func waitFor(t testing.TB, ctx context.Context, what string, timeout time.Duration, cond func() (bool, error)) {
+	t.Helper()
+	if err := poll(ctx, timeout, cond); err != nil {
+		t.Fatalf("waiting for %s: %v", what, err)
+	}
+}
+
+// poll runs cond every 250 ms until it holds or timeout passes; cond's errors are retried,
+// and the last one is part of the timeout's error.
+func poll(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {
+	var last error
+	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
+		ok, err := cond()
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		return ok, nil
+	})
+	if err != nil && last != nil {
+		return fmt.Errorf("%w (last error: %v)", err, last)
+	}
+	return err
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// initExit returns the exit code of init container name's last termination, or -1.
+func initExit(p *corev1.Pod, name string) int {
+	for _, s := range p.Status.InitContainerStatuses {
+		if s.Name != name {
+			continue
+		}
+		if s.State.Terminated != nil {
+			return int(s.State.Terminated.ExitCode)
+		}
+		if s.LastTerminationState.Terminated != nil {
+			return int(s.LastTerminationState.Terminated.ExitCode)
+		}
+	}
+	return -1
+}
+
+// logs returns a container's log.
+func (e *env) logs(ctx context.Context, ns, pod, container string) string {
+	data, err := e.node.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
+	if err != nil {
+		return fmt.Sprintf("(no log of %s/%s %s: %v)", ns, pod, container, err)
+	}
+	return string(data)
+}
+
+// describe summarises the pods and events of ns for a failure message.
+func (e *env) describe(ctx context.Context, ns string) string {
+	var b strings.Builder
+	pods, _ := e.node.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	for _, p := range pods.Items {
+		status, _ := yaml.Marshal(p.Status)
+		fmt.Fprintf(&b, "pod %s/%s:\n%s\n", ns, p.Name, status)
+	}
+	events, _ := e.node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+	for _, ev := range events.Items {
+		fmt.Fprintf(&b, "event %s %s %s: %s\n", ev.InvolvedObject.Name, ev.Type, ev.Reason, ev.Message)
+	}
+	return b.String()
+}
+
+// ensureInstalled installs detour with its node agent on the node (a no-op upgrade when a
+// story already did), for what runs without the stories.
+func (e *env) ensureInstalled(t testing.TB, ctx context.Context) {
+	t.Helper()
+	e.installDetour(t, ctx, "")
+	e.setAgent(t, ctx, true)
+}

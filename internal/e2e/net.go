@@ -70,7 +70,6 @@ func setUpNodeNetwork(n netSpec) error {
 	return serviceDNAT(n)
 }
 
-
 // serviceDNAT plays kube-proxy for the kubernetes Service: ServiceIP:443 goes to
 // NodeIP:APIPort, from pods (prerouting) and from the node itself (output).
 func serviceDNAT(n netSpec) error {

@@ -623,15 +623,24 @@ func unschedulableForTaint(p *corev1.Pod) bool {
 // dial to the test server went through the proxy to the right original destination.
 func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, app string) {
 	t.Helper()
-	conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+	// Ready does not mean the app serves yet: the readiness probe's connection is captured by
+	// the proxy's inbound listener like any other, so wait for the app's reply.
+	var reply string
+	err := poll(ctx, 30*time.Second, func() (bool, error) {
+		conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close()
+		buf := make([]byte, 512)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _ := conn.Read(buf)
+		reply = string(buf[:n])
+		return reply != "", nil
+	})
 	if err != nil {
-		t.Fatalf("dial the app of %s: %v", p.Name, err)
+		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
 	}
-	buf := make([]byte, 512)
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, _ := conn.Read(buf)
-	conn.Close()
-	reply := string(buf[:n])
 	if !strings.Contains(reply, "127.0.0.1") && !strings.Contains(reply, "::1") {
 		t.Errorf("the app of %s saw a connection that did not come through the proxy: %q", p.Name, reply)
 	}

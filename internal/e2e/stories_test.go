@@ -43,6 +43,7 @@ func TestE2E(t *testing.T) {
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
 		{"kubectl/warnings", kubectlWarnings},
 		{"check/cluster-healthy", checkClusterHealthy},
+		{"node/agent-follows-the-node", agentFollowsTheNode},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},

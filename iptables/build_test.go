@@ -194,3 +194,27 @@ func TestBuildSentinelAheadOfSkipLists(t *testing.T) {
 		}
 	}
 }
+
+func TestBuildNFTGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfgs []Config
+	}{
+		{"nftables-minimal-ipv4", []Config{{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}}},
+		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
+		{"nftables-skip-all", []Config{{
+			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
+			SkipOutboundPorts: ports("80"),
+			SkipOutboundCIDRs: cidrs("0.0.0.0/0,::/0"),
+			Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80")},
+		}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := BuildNFT(tc.cfgs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.Golden(t, filepath.Join("testdata", tc.name+".golden"), rs.String(), *update)
+		})
+	}
+}

@@ -46,9 +46,13 @@ type NFTRuleset struct {
 // NFTChain is one chain of detour's table; Hook is nftables.ChainHookPrerouting or
 // nftables.ChainHookOutput for a base chain, nil for a regular one.
 type NFTChain struct {
-	Name  string
-	Hook  *nftables.ChainHook
-	Rules []NFTRule
+	Name string
+	Hook *nftables.ChainHook
+	// Type and Priority are those of a base chain: nat and NFTPriority in what BuildNFT makes,
+	// whatever the kernel says in a table read back.
+	Type     nftables.ChainType
+	Priority int32
+	Rules    []NFTRule
 }
 
 // NFTRule is one rule: its expressions and its detour/... comment (kept in the rule's user
@@ -63,8 +67,8 @@ type NFTRule struct {
 // what Build puts in DETOUR_INBOUND and DETOUR_OUTBOUND, except that a multiport list becomes
 // one rule per port or range.
 func BuildNFT(configs ...Config) (NFTRuleset, error) {
-	pre := NFTChain{Name: NFTPreroutingChain, Hook: nftables.ChainHookPrerouting}
-	out := NFTChain{Name: NFTOutputChain, Hook: nftables.ChainHookOutput}
+	pre := NFTChain{Name: NFTPreroutingChain, Hook: nftables.ChainHookPrerouting, Type: nftables.ChainTypeNAT, Priority: NFTPriority}
+	out := NFTChain{Name: NFTOutputChain, Hook: nftables.ChainHookOutput, Type: nftables.ChainTypeNAT, Priority: NFTPriority}
 	var rs NFTRuleset
 	var fams []NFTChain
 	for _, c := range configs {
@@ -202,12 +206,17 @@ func daddr(p netip.Prefix) []expr.Any {
 	return append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Addr().AsSlice()})
 }
 
+// redirect is "redirect to :port", written as nft writes it and as the kernel reports it back
+// (the port range's both ends in register 1, the proto-specified flag).
 func redirect(port uint16) []expr.Any {
 	return []expr.Any{
 		&expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
-		&expr.Redir{RegisterProtoMin: 1},
+		&expr.Redir{RegisterProtoMin: 1, RegisterProtoMax: 1, Flags: natRangeProtoSpecified},
 	}
 }
+
+// natRangeProtoSpecified is NF_NAT_RANGE_PROTO_SPECIFIED: the redirect names a port.
+const natRangeProtoSpecified = 2
 
 func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Kind: k}} }
 
@@ -225,7 +234,7 @@ func (rs NFTRuleset) String() string {
 		}
 		b.WriteString("\tchain " + ch.Name + " {\n")
 		if ch.Hook != nil {
-			b.WriteString("\t\t" + baseChainText(ch.Hook, NFTPriority) + "\n")
+			b.WriteString("\t\t" + baseChainText(ch.Type, ch.Hook, ch.Priority) + "\n")
 		}
 		for _, r := range ch.Rules {
 			b.WriteString("\t\t" + r.String() + "\n")
@@ -237,7 +246,7 @@ func (rs NFTRuleset) String() string {
 }
 
 // baseChainText is the line nft prints for a nat base chain.
-func baseChainText(h *nftables.ChainHook, prio int32) string {
+func baseChainText(typ nftables.ChainType, h *nftables.ChainHook, prio int32) string {
 	name := map[nftables.ChainHook]string{*nftables.ChainHookPrerouting: "prerouting", *nftables.ChainHookOutput: "output"}[*h]
 	if name == "" {
 		name = "hook" + strconv.Itoa(int(*h))
@@ -246,7 +255,7 @@ func baseChainText(h *nftables.ChainHook, prio int32) string {
 	if prio == NFTPriority && *h == *nftables.ChainHookPrerouting {
 		p = "dstnat"
 	}
-	return "type nat hook " + name + " priority " + p + "; policy accept;"
+	return "type " + string(typ) + " hook " + name + " priority " + p + "; policy accept;"
 }
 
 // String renders the rule in nft syntax, with its comment.
@@ -305,7 +314,7 @@ func exprsText(exprs []expr.Any) string {
 				continue
 			}
 		case *expr.Immediate:
-			if r, ok := next(exprs, i).(*expr.Redir); ok && e.Register == 1 && len(e.Data) == 2 && r.RegisterProtoMin == 1 && r.RegisterProtoMax == 0 && r.Flags == 0 {
+			if r, ok := next(exprs, i).(*expr.Redir); ok && e.Register == 1 && len(e.Data) == 2 && r.RegisterProtoMin == 1 && r.RegisterProtoMax == 1 && r.Flags == natRangeProtoSpecified {
 				load = "redirect to :" + strconv.Itoa(int(binary.BigEndian.Uint16(e.Data)))
 				continue
 			}

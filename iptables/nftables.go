@@ -195,7 +195,13 @@ func daddr(p netip.Prefix) []expr.Any {
 	if p.Addr().Is6() {
 		offset, size = 24, 16
 	}
-	e := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size}}
+	fam := IPv4
+	if p.Addr().Is6() {
+		fam = IPv6
+	}
+	// The family match first, as nft writes it in an inet table: the rule then says by itself
+	// which header it reads, and nft list prints "ip daddr" rather than raw offsets.
+	e := append(nfproto(fam), &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: size})
 	if p.Bits() != p.Addr().BitLen() {
 		mask := make([]byte, size)
 		for i := range p.Bits() {
@@ -302,14 +308,14 @@ func exprsText(exprs []expr.Any) string {
 		case *expr.Cmp:
 			if load != "" && e.Op == expr.CmpOpEq && e.Register == 1 {
 				if v, ok := value(load, e.Data); ok {
-					words = append(words, v)
+					words = withDependency(words, v)
 					load = ""
 					continue
 				}
 			}
 		case *expr.Range:
 			if load == "tcp dport" && e.Op == expr.CmpOpEq && e.Register == 1 && len(e.FromData) == 2 && len(e.ToData) == 2 {
-				words = append(words, fmt.Sprintf("tcp dport %d-%d", binary.BigEndian.Uint16(e.FromData), binary.BigEndian.Uint16(e.ToData)))
+				words = withDependency(words, fmt.Sprintf("tcp dport %d-%d", binary.BigEndian.Uint16(e.FromData), binary.BigEndian.Uint16(e.ToData)))
 				load = ""
 				continue
 			}
@@ -353,6 +359,26 @@ func exprsText(exprs []expr.Any) string {
 		words = append(words, "["+load+"]")
 	}
 	return strings.Join(words, " ")
+}
+
+// withDependency appends the header match m to words as nft prints it: a "tcp dport" right
+// after "meta l4proto tcp", or an "ip daddr" ("ip6 daddr") right after "meta nfproto ipv4"
+// ("ipv6"), stands for both; without that match before it, the same header field is printed
+// the way nft does for a raw read ("th dport", "@nh,..."), so the text still tells the rules
+// apart.
+func withDependency(words []string, m string) []string {
+	deps := map[string]string{"tcp dport ": "meta l4proto tcp", "ip daddr ": "meta nfproto ipv4", "ip6 daddr ": "meta nfproto ipv6"}
+	raw := map[string]string{"tcp dport ": "th dport ", "ip daddr ": "@nh,128,32 ", "ip6 daddr ": "@nh,192,128 "}
+	for prefix, dep := range deps {
+		if !strings.HasPrefix(m, prefix) {
+			continue
+		}
+		if len(words) > 0 && words[len(words)-1] == dep {
+			return append(words[:len(words)-1], m)
+		}
+		return append(words, raw[prefix]+strings.TrimPrefix(m, prefix))
+	}
+	return append(words, m)
 }
 
 func next(exprs []expr.Any, i int) expr.Any {

@@ -39,6 +39,7 @@ func testNFTablesRedirect(t *testing.T, family iptables.Family) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	nftTool, _ := exec.LookPath("nft") // to compare with nft's own listing, when installed
 	t.Setenv("PATH", t.TempDir())
 	for _, tool := range []string{"iptables", "ip6tables", "nft", "iptables-nft-restore", "iptables-legacy-restore"} {
 		if p, err := exec.LookPath(tool); err == nil {
@@ -76,6 +77,18 @@ func testNFTablesRedirect(t *testing.T, family iptables.Family) {
 	want, _ := iptables.BuildNFT(rulesets[0].Config, rulesets[1].Config)
 	if applied != want.String() {
 		t.Errorf("the table read back differs from the one built:\n--- read back\n%s--- built\n%s", applied, want)
+	}
+	// The rendering is nft's own: nft list prints the same text, character for character.
+	if nftTool == "" {
+		t.Log("nft is not installed: the comparison with nft list is left out")
+	} else if err := tp.pod.Do(func() error {
+		out, err := iptables.ExecRunner{}.Run(ctx, nftTool, []string{"list", "table", "inet", iptables.NFTTable}, nil)
+		if err == nil && string(out) != want.String() {
+			t.Errorf("nft list table inet detour differs from the rendering:\n--- nft\n%s--- detour\n%s", out, want)
+		}
+		return err
+	}); err != nil {
+		t.Errorf("nft list: %v", err)
 	}
 
 	expect(t, tp.pod, app, remote, "outbound "+remote.String())

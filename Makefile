@@ -46,6 +46,7 @@ bench-iptables:
 	go test ./iptables -run '^$$' -bench Build -count 1
 	go test ./iptables -run '^$$' -bench Apply -benchtime 30x -count 1
 	go test ./iptables -run '^$$' -bench NatTableExists -count 1
+	go test ./iptables -run '^$$' -bench CheckNFTables -count 1
 
 clean:
 	rm -rf $(BIN)

@@ -98,7 +98,7 @@ func ParseConfig(stdin []byte) (*Config, error) {
 	}
 	backend, err := iptables.ParseBackend(raw.IPTablesBackend)
 	if err != nil {
-		return nil, configError("iptablesBackend", raw.IPTablesBackend, `must be "auto", "legacy" or "nft"`)
+		return nil, configError("iptablesBackend", raw.IPTablesBackend, `must be "auto", "legacy", "nft" or "nftables"`)
 	}
 	c.IPTablesBackend = backend
 	if raw.LogLevel != "" {

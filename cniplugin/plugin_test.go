@@ -58,7 +58,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{`{"kubeconfig":"relative/path"}`, `kubeconfig "relative/path" is not valid: it must be an absolute path`},
 		{`{"apiTimeout":"5"}`, `apiTimeout "5" is not valid`},
 		{`{"apiTimeout":"10ms"}`, `from 100ms to 2m0s`},
-		{`{"iptablesBackend":"iptables"}`, `iptablesBackend "iptables" is not valid: it must be "auto", "legacy" or "nft"`},
+		{`{"iptablesBackend":"iptables"}`, `iptablesBackend "iptables" is not valid: it must be "auto", "legacy", "nft" or "nftables"`},
 		{`{"logLevel":"loud"}`, `logLevel "loud"`},
 		{`{"logFile":"d.log"}`, `logFile "d.log"`},
 		{`{"excludeNamespaces":["Kube_System"]}`, `excludeNamespaces "Kube_System"`},

@@ -7,25 +7,29 @@ import (
 	"strings"
 )
 
-// Backend is the kernel interface the iptables tools use: the legacy xtables one or nf_tables.
-// A namespace must not mix them, so the Executor uses the one that already holds rules.
+// Backend is how detour writes its rules: with the iptables tools of the legacy xtables
+// interface or of nf_tables (iptables-nft), or natively over netlink into a nf_tables table of
+// its own (nftables), which needs no tool on the host. The iptables tools' backends must not be
+// mixed in a namespace, so auto uses the one that already holds rules; nftables is chosen only
+// explicitly.
 type Backend string
 
 const (
-	BackendAuto   Backend = "auto"
-	BackendLegacy Backend = "legacy"
-	BackendNFT    Backend = "nft"
+	BackendAuto     Backend = "auto"
+	BackendLegacy   Backend = "legacy"
+	BackendNFT      Backend = "nft"
+	BackendNFTables Backend = "nftables"
 )
 
-// ParseBackend parses "auto", "legacy" or "nft"; an empty string is auto.
+// ParseBackend parses "auto", "legacy", "nft" or "nftables"; an empty string is auto.
 func ParseBackend(s string) (Backend, error) {
 	switch b := Backend(s); b {
 	case "":
 		return BackendAuto, nil
-	case BackendAuto, BackendLegacy, BackendNFT:
+	case BackendAuto, BackendLegacy, BackendNFT, BackendNFTables:
 		return b, nil
 	}
-	return "", fmt.Errorf("iptables backend %q is not one of auto, legacy, nft", s)
+	return "", fmt.Errorf("iptables backend %q is not one of auto, legacy, nft, nftables", s)
 }
 
 func (b Backend) other() Backend {

@@ -82,6 +82,8 @@ type Ruleset struct {
 	Family Family
 	Hooks  []Rule
 	Rules  []Rule
+	// Config is what the ruleset was built from; the nftables backend builds its table from it.
+	Config Config
 }
 
 // Chains returns detour's own chains in the order iptables-save lists them.
@@ -96,7 +98,7 @@ func Build(c Config) (Ruleset, error) {
 	case c.InboundPort == 0 || c.OutboundPort == 0:
 		return Ruleset{}, fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
 	}
-	rs := Ruleset{Family: c.Family, Hooks: hooks()}
+	rs := Ruleset{Family: c.Family, Hooks: hooks(), Config: c}
 	add := func(chain, spec string) { rs.Rules = append(rs.Rules, Rule{chain, spec}) }
 
 	// Inbound: everything TCP that arrives goes to the proxy, except the skipped ports.

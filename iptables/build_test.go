@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"flag"
+	"fmt"
 	"net/netip"
 	"path/filepath"
 	"strings"
@@ -193,4 +194,91 @@ func TestBuildSentinelAheadOfSkipLists(t *testing.T) {
 			t.Errorf("%s: the /0 skip is not rendered without -d:\n%s", f, rs.Restore())
 		}
 	}
+}
+
+func TestBuildNFTGolden(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfgs []Config
+	}{
+		{"nftables-minimal-ipv4", []Config{{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}}},
+		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
+		{"nftables-skip-all", []Config{{
+			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
+			SkipOutboundPorts: ports("80"),
+			SkipOutboundCIDRs: cidrs("0.0.0.0/0,::/0"),
+			Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80")},
+		}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := BuildNFT(tc.cfgs...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			testenv.Golden(t, filepath.Join("testdata", tc.name+".golden"), rs.String(), *update)
+		})
+	}
+}
+
+// FuzzBuildNFT: whatever the annotations hold, the nftables table roots no one, renders every
+// expression it holds (nothing the renderer does not know, so CHECK compares everything), keeps
+// each family's addresses in its own chains and ends each outbound chain with the redirect.
+func FuzzBuildNFT(f *testing.F) {
+	f.Add(uint32(2102), uint16(4143), uint16(4140), "4190-4191", "25,8000-8100", "10.0.0.0/8,fd00::/8,0.0.0.0/0", "1000", "2601", "203.0.113.254:80")
+	f.Add(uint32(1), uint16(1), uint16(65535), "", "", "", "", "", "")
+	f.Fuzz(func(t *testing.T, uid uint32, in, out uint16, skipIn, skipOut, nets, uids, gids, sentinel string) {
+		var cfgs []Config
+		for _, fam := range []Family{IPv4, IPv6} {
+			c := Config{Family: fam, ProxyUID: uid, InboundPort: in, OutboundPort: out}
+			var err error
+			if c.SkipInboundPorts, err = annotations.ParsePorts("k", skipIn); err != nil {
+				return
+			}
+			if c.SkipOutboundPorts, err = annotations.ParsePorts("k", skipOut); err != nil {
+				return
+			}
+			if c.SkipOutboundCIDRs, err = annotations.ParseCIDRs("k", nets); err != nil {
+				return
+			}
+			if c.ExemptUIDs, err = annotations.ParseIDs("k", uids); err != nil {
+				return
+			}
+			if c.ExemptGIDs, err = annotations.ParseIDs("k", gids); err != nil {
+				return
+			}
+			if s, err := netip.ParseAddrPort(sentinel); err == nil {
+				c.Sentinels = []netip.AddrPort{s}
+			}
+			cfgs = append(cfgs, c)
+		}
+		rs, err := BuildNFT(cfgs...)
+		if err != nil {
+			if uid != 0 && in != 0 && out != 0 {
+				t.Fatalf("BuildNFT failed: %v", err)
+			}
+			return
+		}
+		for _, ch := range rs.Chains {
+			for _, r := range ch.Rules {
+				text := r.String()
+				switch {
+				case strings.Contains(text, "["):
+					t.Fatalf("chain %s: an expression the renderer does not know: %s", ch.Name, text)
+				case strings.Contains(text, "skuid 0 ") || strings.Contains(text, "skgid 0 "):
+					t.Fatalf("chain %s: root is exempt: %s", ch.Name, text)
+				case !strings.HasPrefix(r.Comment, "detour/"):
+					t.Fatalf("chain %s: rule without a detour comment: %s", ch.Name, text)
+				case strings.HasSuffix(ch.Name, "_ipv4") && strings.Contains(text, "ip6 "),
+					strings.HasSuffix(ch.Name, "_ipv6") && strings.Contains(text, "ip daddr"):
+					t.Fatalf("chain %s holds an address of the other family: %s", ch.Name, text)
+				}
+			}
+			if strings.HasPrefix(ch.Name, "outbound_") {
+				last := ch.Rules[len(ch.Rules)-1].String()
+				if last != fmt.Sprintf(`meta l4proto tcp redirect to :%d comment "detour/redirect-outbound"`, out) {
+					t.Fatalf("chain %s does not end with the redirect: %s", ch.Name, last)
+				}
+			}
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -84,8 +85,26 @@ func (e *Executor) tools(f Family) *familyTools {
 	return ft
 }
 
-// Usable reports whether the tools for family f are on PATH, and why not.
-func (e *Executor) Usable(f Family) error { return e.tools(f).err }
+// Usable reports whether the tools for family f are on PATH, and why not; for the nftables
+// backend, whether the kernel answers nf_tables requests.
+func (e *Executor) Usable(f Family) error {
+	if e.backend == BackendNFTables {
+		return nftUsable()
+	}
+	return e.tools(f).err
+}
+
+// Backend returns the backend the Executor was configured with (auto unless pinned).
+func (e *Executor) Backend() Backend { return e.backend }
+
+// nftRuleset is the nftables table for rulesets, one per family.
+func nftRuleset(rulesets []Ruleset) (NFTRuleset, error) {
+	configs := make([]Config, len(rulesets))
+	for i, rs := range rulesets {
+		configs[i] = rs.Config
+	}
+	return BuildNFT(configs...)
+}
 
 // state is one family's backend in a namespace and what its nat table holds.
 type state struct {
@@ -165,6 +184,18 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 		return err
 	}
 	defer unlock()
+	if e.backend == BackendNFTables {
+		want, err := nftRuleset(rulesets)
+		if err != nil {
+			return fmt.Errorf("apply rules in %s: %w", nsPath, err)
+		}
+		return nsutil.Do(nsPath, func() error {
+			if err := nftApply(want); err != nil {
+				return fmt.Errorf("apply %s rules in %s: %w", familyList(want.Families), nsPath, err)
+			}
+			return nil
+		})
+	}
 	return nsutil.Do(nsPath, func() error {
 		for _, rs := range rulesets {
 			s, err := e.inspect(ctx, rs.Family)
@@ -181,13 +212,22 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 
 // Remove deletes every chain and jump of detour's for each family in the namespace at nsPath,
 // from whichever backends hold them, leaving other rules alone. Removing from a namespace
-// without detour's rules succeeds.
+// without detour's rules succeeds. The nftables backend deletes detour's whole table, whatever
+// the families.
 func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family) error {
 	unlock, err := lockNamespace(nsPath)
 	if err != nil {
 		return err
 	}
 	defer unlock()
+	if e.backend == BackendNFTables {
+		return nsutil.Do(nsPath, func() error {
+			if err := nftRemoveTable(); err != nil {
+				return fmt.Errorf("remove rules in %s: %w", nsPath, err)
+			}
+			return nil
+		})
+	}
 	return nsutil.Do(nsPath, func() error {
 		for _, f := range families {
 			if err := e.remove(ctx, f); err != nil {
@@ -234,6 +274,22 @@ func (e *Executor) remove(ctx context.Context, f Family) error {
 // Check compares the live rules in the namespace at nsPath with the rulesets and returns the
 // first difference in words, or nil when they match.
 func (e *Executor) Check(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
+	if e.backend == BackendNFTables {
+		want, err := nftRuleset(rulesets)
+		if err != nil {
+			return fmt.Errorf("check rules in %s: %w", nsPath, err)
+		}
+		return nsutil.Do(nsPath, func() error {
+			have, err := nftRead()
+			if err == nil {
+				err = nftDiff(want, have)
+			}
+			if err != nil {
+				return fmt.Errorf("check %s rules in %s (nftables backend): %w", familyList(want.Families), nsPath, err)
+			}
+			return nil
+		})
+	}
 	return nsutil.Do(nsPath, func() error {
 		for _, rs := range rulesets {
 			s, err := e.inspect(ctx, rs.Family)
@@ -250,11 +306,36 @@ func (e *Executor) Check(ctx context.Context, nsPath string, rulesets ...Ruleset
 
 // Save returns the nat table of family f in the namespace at nsPath as iptables-save prints it,
 // from the backend detour uses there; for diagnostics and tests.
+// The nftables backend returns detour's whole table in `nft list` syntax, "" when there is none.
 func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (string, Backend, error) {
+	if e.backend == BackendNFTables {
+		var text string
+		err := nsutil.Do(nsPath, func() error {
+			have, err := nftRead()
+			switch {
+			case errors.Is(err, errNoNFTTable):
+				return nil
+			case err != nil:
+				return err
+			}
+			text = have.String()
+			return nil
+		})
+		return text, BackendNFTables, err
+	}
 	var s state
 	err := nsutil.Do(nsPath, func() (err error) {
 		s, err = e.inspect(ctx, f)
 		return err
 	})
 	return s.raw, s.tools.backend, err
+}
+
+// familyList names families for a message: "ipv4", "ipv4 and ipv6".
+func familyList(fs []Family) string {
+	names := make([]string, len(fs))
+	for i, f := range fs {
+		names[i] = f.String()
+	}
+	return strings.Join(names, " and ")
 }

@@ -12,7 +12,9 @@ import (
 	"github.com/detourmesh/detour/iptables"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) {
+	testenv.MainWithChildren(m, map[string]func([]string) int{"userns-dialer": usernsDialer})
+}
 
 // Identities of the test pod.
 var (

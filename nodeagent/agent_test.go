@@ -877,7 +877,7 @@ func TestFlagsParse(t *testing.T) {
 		{func(f *nodeagent.Flags) { f.PluginSource = "detour-cni" }, `--plugin-source "detour-cni"`},
 		{func(f *nodeagent.Flags) { f.APIServer = "http://10.96.0.1" }, `--api-server "http://10.96.0.1"`},
 		{func(f *nodeagent.Flags) { f.APITimeout = time.Hour }, `--api-timeout "1h0m0s"`},
-		{func(f *nodeagent.Flags) { f.IPTablesBackend = "nftables" }, `--iptables-backend "nftables"`},
+		{func(f *nodeagent.Flags) { f.IPTablesBackend = "nftable" }, `--iptables-backend "nftable"`},
 		{func(f *nodeagent.Flags) { f.LogLevel = "trace" }, `--log-level "trace"`},
 		{func(f *nodeagent.Flags) { f.LogFile = "cni.log" }, `--log-file "cni.log"`},
 		{func(f *nodeagent.Flags) { f.ExcludeNamespaces = []string{"Kube_System"} }, `--exclude-namespaces "Kube_System"`},

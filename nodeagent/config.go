@@ -196,9 +196,9 @@ func (f Flags) Parse() (Config, error) {
 		return c, flagError("--api-timeout", f.APITimeout.String(), "must be from 100ms to 2m0s, such as 5s")
 	}
 	switch f.IPTablesBackend {
-	case "auto", "legacy", "nft":
+	case "auto", "legacy", "nft", "nftables":
 	default:
-		return c, flagError("--iptables-backend", f.IPTablesBackend, `must be "auto", "legacy" or "nft"`)
+		return c, flagError("--iptables-backend", f.IPTablesBackend, `must be "auto", "legacy", "nft" or "nftables"`)
 	}
 	switch f.LogLevel {
 	case "debug", "info", "warn", "error":

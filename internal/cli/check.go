@@ -93,7 +93,7 @@ controller's recent Events; image skew between the components. It exits 1 when a
 	fl.StringVar(&confDir, "cni-conf-dir", "/etc/cni/net.d", `the node's CNI configuration directory; "" skips the check`)
 	fl.StringVarP(&file, "filename", "f", "", "the injected pod's YAML (kubectl get pod -o yaml); - reads standard input")
 	fl.StringVar(&netns, "netns", "", "the pod's network namespace, e.g. /var/run/netns/cni-...")
-	fl.StringVar(&backend, "iptables-backend", "auto", "auto, legacy or nft, as in the plugin's configuration")
+	fl.StringVar(&backend, "iptables-backend", "auto", "auto, legacy, nft or nftables, as in the plugin's configuration")
 	cl.addFlags(fl)
 	return cmd
 }
@@ -115,9 +115,12 @@ func (c *checker) fail(format string, args ...any) {
 
 func (c *checker) iptables() {
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		if err := c.exec.Usable(f); err != nil {
+		switch err := c.exec.Usable(f); {
+		case err != nil:
 			c.fail("%s: %v", f, err)
-		} else {
+		case c.exec.Backend() == iptables.BackendNFTables:
+			c.ok("%s: the kernel answers nf_tables requests (nftables backend, no tools needed)", f)
+		default:
 			c.ok("%s: iptables-save and iptables-restore found", f)
 		}
 	}
@@ -234,7 +237,7 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 				continue
 			}
 			saved, _, _ := c.exec.Save(ctx, netns, f)
-			if !has && !strings.Contains(saved, iptables.OutboundChain) {
+			if !has && !strings.Contains(saved, iptables.OutboundChain) && !strings.Contains(saved, iptables.NFTOutboundChain(f)) {
 				c.ok("%s: no IPv6 address in %s, and no IPv6 rules", name, netns)
 				continue
 			}

@@ -137,3 +137,32 @@ func TestIntegrationCheckClusterCommand(t *testing.T) {
 		}
 	}
 }
+
+// check --iptables-backend nftables reads detour's nf_tables table back from the kernel.
+func TestIntegrationCheckPodRulesNFTables(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, ExemptGIDs: []uint32{2601}}
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": r.Annotations()}}
+	b, _ := yaml.Marshal(pod)
+	podFile := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(podFile, b, 0o644)
+
+	args := []string{"check", "--cni-conf-dir=", "--iptables-backend=nftables", "-f", podFile, "--netns", ns.Path}
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "table inet detour is missing") {
+		t.Fatalf("check before the rules are installed: %v\n%s", err, out)
+	}
+	rs, _ := iptables.Build(iptables.ConfigFromRedirect(r, iptables.IPv4))
+	if err := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables)).Apply(context.Background(), ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run(t, "", args...)
+	for _, want := range []string{
+		"✓ ipv4: the kernel answers nf_tables requests",
+		"✓ Pod web: the ipv4 rules in " + ns.Path + " are exactly what detour-cni installs",
+		"✓ Pod web: no IPv6 address in " + ns.Path + ", and no IPv6 rules",
+	} {
+		if err != nil || !strings.Contains(out, want) {
+			t.Errorf("check after installing the rules: %v, want %q in\n%s", err, want, out)
+		}
+	}
+}

@@ -224,3 +224,29 @@ func TestRules(t *testing.T) {
 		}
 	}
 }
+
+// detour rules --backend nftables prints the nftables backend's table, as BuildNFT makes it.
+func TestRulesNFTables(t *testing.T) {
+	goldenVersion(t)
+	injected, _, err := run(t, "", append([]string{"inject", "-f", filepath.Join(workloads, "deployment-mixed.yaml")}, goldenInjectArgs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := run(t, injected, "rules", "-f", "-", "--backend", "nftables")
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "deployment-mixed.nftables", out)
+	_, a, _ := webhook.PodAnnotations(strings.NewReader(injected))
+	r, err := annotations.ParseRedirect(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := iptables.BuildNFT(iptables.ConfigFromRedirect(r, iptables.IPv4), iptables.ConfigFromRedirect(r, iptables.IPv6))
+	if out != want.String() {
+		t.Errorf("detour rules --backend nftables is not the plugin's table:\n%s", out)
+	}
+	if _, _, err := run(t, injected, "rules", "-f", "-", "--backend", "ebpf"); err == nil || !strings.Contains(err.Error(), `--backend "ebpf"`) {
+		t.Errorf("rules --backend ebpf: %v", err)
+	}
+}

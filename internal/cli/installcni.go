@@ -113,7 +113,7 @@ docs/node-agent.md.`,
 	fl.DurationVar(&f.PluginTokenTTL, "plugin-token-ttl", f.PluginTokenTTL, "lifetime requested for the plugin's token, 10m to 24h; it is renewed at 80% of it")
 	fl.StringVar(&f.APIServer, "api-server", f.APIServer, "https URL the plugin reaches the API server at (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	fl.DurationVar(&f.APITimeout, "api-timeout", f.APITimeout, "the plugin's bound on a pod lookup (apiTimeout)")
-	fl.StringVar(&f.IPTablesBackend, "iptables-backend", f.IPTablesBackend, `the plugin's iptables backend: "auto", "legacy" or "nft" (iptablesBackend)`)
+	fl.StringVar(&f.IPTablesBackend, "iptables-backend", f.IPTablesBackend, `the plugin's backend: "auto", "legacy" or "nft" (iptables tools), or "nftables" (native, over netlink) (iptablesBackend)`)
 	fl.StringVar(&f.LogLevel, "log-level", f.LogLevel, `the plugin's log level: "debug", "info", "warn" or "error" (logLevel)`)
 	fl.StringVar(&f.LogFile, "log-file", f.LogFile, "the plugin's log file on the host; empty logs to the runtime only (logFile)")
 	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "namespaces the plugin leaves alone; empty for none (excludeNamespaces)")

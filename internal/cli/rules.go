@@ -12,7 +12,7 @@ import (
 
 // newRulesCommand returns `detour rules`, the ruleset the CNI plugin would install for a pod.
 func newRulesCommand() *cobra.Command {
-	var file, family string
+	var file, family, backend string
 	cmd := &cobra.Command{
 		Use:   "rules -f POD.yaml",
 		Short: "Print the iptables-restore input the CNI plugin would install for an injected pod",
@@ -20,12 +20,17 @@ func newRulesCommand() *cobra.Command {
 detour inject): the first pod or pod template of the stream, passing over other documents and
 searching the items of a List. It prints the nat-table rules the detour CNI plugin installs in its network
 namespace, as iptables-restore input: IPv4 first, then IPv6, each after a comment line. With
---family the output is exactly one family's input, ready for iptables-restore --test.`,
+--family the output is exactly one family's input, ready for iptables-restore --test. With
+--backend nftables it prints detour's own nf_tables table instead, in nft list syntax, as
+nft list table inet detour shows it in the pod's namespace.`,
 		Example: `  # The rules of a running pod:
   kubectl get pod web-7d4b9 -o yaml | detour rules -f -
 
   # Check that the IPv4 rules of an injected Deployment load:
-  detour inject -f deploy.yaml --proxy-image=proxy:v1 | detour rules -f - --family=ipv4 | iptables-restore --test`,
+  detour inject -f deploy.yaml --proxy-image=proxy:v1 | detour rules -f - --family=ipv4 | iptables-restore --test
+
+  # The table of the nftables backend:
+  kubectl get pod web-7d4b9 -o yaml | detour rules -f - --backend nftables`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			var families []iptables.Family
@@ -38,6 +43,14 @@ namespace, as iptables-restore input: IPv4 first, then IPv6, each after a commen
 				families = []iptables.Family{iptables.IPv6}
 			default:
 				return fmt.Errorf("--family %q: use ipv4, ipv6 or all", family)
+			}
+			var nft bool
+			switch backend {
+			case "iptables", "auto", "legacy", "nft":
+			case "nftables":
+				nft = true
+			default:
+				return fmt.Errorf("--backend %q: use iptables (auto, legacy, nft: iptables-restore input) or nftables", backend)
 			}
 			in, closeIn, err := openInput(cmd, file)
 			if err != nil {
@@ -56,6 +69,18 @@ namespace, as iptables-restore input: IPv4 first, then IPv6, each after a commen
 				return fmt.Errorf("%s: %w", name, err)
 			}
 			out := cmd.OutOrStdout()
+			if nft {
+				configs := make([]iptables.Config, len(families))
+				for i, f := range families {
+					configs[i] = iptables.ConfigFromRedirect(r, f)
+				}
+				rs, err := iptables.BuildNFT(configs...)
+				if err != nil {
+					return fmt.Errorf("%s: %w", name, err)
+				}
+				fmt.Fprint(out, rs.String())
+				return nil
+			}
 			for _, f := range families {
 				rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
 				if err != nil {
@@ -71,6 +96,7 @@ namespace, as iptables-restore input: IPv4 first, then IPv6, each after a commen
 	}
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "the pod or workload YAML/JSON; - reads standard input")
 	cmd.Flags().StringVar(&family, "family", "all", "ipv4, ipv6 or all")
+	cmd.Flags().StringVar(&backend, "backend", "iptables", "iptables (iptables-restore input, for the auto, legacy and nft backends) or nftables (nft list syntax)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }

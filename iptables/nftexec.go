@@ -1,0 +1,223 @@
+package iptables
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/userdata"
+)
+
+// The nftables backend: detour's own inet table, written, read and removed over netlink from
+// the calling thread's network namespace, with no tool. The functions here run inside
+// nsutil.Do; the Executor's methods are their only callers.
+
+func nftConn() (*nftables.Conn, error) {
+	// The socket is opened now, on the calling thread, so in its network namespace.
+	c, err := nftables.New(nftables.AsLasting())
+	if err != nil {
+		return nil, fmt.Errorf("open nf_tables netlink: %w", err)
+	}
+	return c, nil
+}
+
+func nftTableRef() *nftables.Table {
+	return &nftables.Table{Name: NFTTable, Family: nftables.TableFamilyINet}
+}
+
+// nftApply replaces detour's table with rs in one netlink transaction: the table is created
+// (if missing), deleted and created again with its chains and rules, so the kernel holds either
+// the old table or the new one, never a mix, and applying twice changes nothing.
+func nftApply(rs NFTRuleset) error {
+	c, err := nftConn()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	c.AddTable(nftTableRef())
+	c.DelTable(nftTableRef())
+	t := c.AddTable(nftTableRef())
+	chains := make([]*nftables.Chain, len(rs.Chains))
+	// Every chain before any rule: the base chains' rules jump to the family chains.
+	for i, ch := range rs.Chains {
+		chain := &nftables.Chain{Name: ch.Name, Table: t}
+		if ch.Hook != nil {
+			chain.Type, chain.Hooknum, chain.Priority = ch.Type, ch.Hook, nftables.ChainPriorityRef(nftables.ChainPriority(ch.Priority))
+		}
+		chains[i] = c.AddChain(chain)
+	}
+	for i, ch := range rs.Chains {
+		for _, r := range ch.Rules {
+			c.AddRule(&nftables.Rule{Table: t, Chain: chains[i], Exprs: r.Exprs, UserData: r.userData()})
+		}
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("write table inet %s over netlink: %w", NFTTable, err)
+	}
+	return nil
+}
+
+// nftRemoveTable deletes detour's table, and so all its rules, in one transaction; a missing
+// table is created first so that deleting it cannot fail for its absence.
+func nftRemoveTable() error {
+	c, err := nftConn()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	c.AddTable(nftTableRef())
+	c.DelTable(nftTableRef())
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("delete table inet %s over netlink: %w", NFTTable, err)
+	}
+	return nil
+}
+
+// errNoNFTTable is nftRead's answer in a namespace without detour's table.
+var errNoNFTTable = errors.New("table inet " + NFTTable + " is missing")
+
+// nftRead reads detour's table back from the kernel, chains in the order the kernel lists them.
+func nftRead() (NFTRuleset, error) {
+	c, err := nftConn()
+	if err != nil {
+		return NFTRuleset{}, err
+	}
+	defer c.CloseLasting()
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return NFTRuleset{}, fmt.Errorf("list the inet nf_tables chains: %w", err)
+	}
+	var rs NFTRuleset
+	found := false
+	for _, ch := range chains {
+		if ch.Table.Name != NFTTable {
+			continue
+		}
+		found = true
+		live := NFTChain{Name: ch.Name, Hook: ch.Hooknum, Type: ch.Type}
+		if ch.Priority != nil {
+			live.Priority = int32(*ch.Priority)
+		}
+		rules, err := c.GetRules(ch.Table, ch)
+		if err != nil {
+			return NFTRuleset{}, fmt.Errorf("list the rules of chain %s of table inet %s: %w", ch.Name, NFTTable, err)
+		}
+		for _, r := range rules {
+			comment, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+			live.Rules = append(live.Rules, NFTRule{Comment: comment, Exprs: r.Exprs})
+		}
+		rs.Chains = append(rs.Chains, live)
+	}
+	if !found {
+		// A table without chains is listed by no chain; ask for the table itself.
+		if _, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyINet); err != nil {
+			return NFTRuleset{}, errNoNFTTable
+		}
+	}
+	return rs, nil
+}
+
+// nftUsable reports whether the kernel answers nf_tables requests in the calling thread's
+// network namespace.
+func nftUsable() error {
+	c, err := nftConn()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	if _, err := c.ListTablesOfFamily(nftables.TableFamilyINet); err != nil {
+		return fmt.Errorf("the kernel does not answer nf_tables requests (%w): load the nf_tables module, or set iptablesBackend to legacy", err)
+	}
+	return nil
+}
+
+// nftDiff compares the live table with want, for want's families only, and describes the
+// first difference in words, or returns nil when the table holds exactly want's rules for those
+// families: each family's jump once in each base chain, and its chains' rules in order.
+func nftDiff(want, have NFTRuleset) error {
+	where := "table inet " + NFTTable
+	for _, w := range want.Chains {
+		i := slices.IndexFunc(have.Chains, func(c NFTChain) bool { return c.Name == w.Name })
+		if i < 0 {
+			return fmt.Errorf("%s: chain %s is missing", where, w.Name)
+		}
+		h := have.Chains[i]
+		if w.Hook != nil {
+			if h.Hook == nil || *h.Hook != *w.Hook || h.Type != w.Type || h.Priority != w.Priority {
+				got := "a regular chain"
+				if h.Hook != nil {
+					got = baseChainText(h.Type, h.Hook, h.Priority)
+				}
+				return fmt.Errorf("%s: chain %s is %q, expected %q", where, w.Name, got, baseChainText(w.Type, w.Hook, w.Priority))
+			}
+			if err := nftDiffBase(where, w, h); err != nil {
+				return err
+			}
+			continue
+		}
+		if h.Hook != nil {
+			return fmt.Errorf("%s: chain %s is a base chain (%s), expected a regular one", where, w.Name, baseChainText(h.Type, h.Hook, h.Priority))
+		}
+		wantRules, haveRules := ruleTexts(w.Rules), ruleTexts(h.Rules)
+		for i := range max(len(wantRules), len(haveRules)) {
+			switch {
+			case i < len(haveRules) && i < len(wantRules) && wantRules[i] == haveRules[i]:
+			case i < len(wantRules) && (i >= len(haveRules) || !slices.Contains(haveRules, wantRules[i])):
+				return fmt.Errorf("%s: chain %s lacks rule %d, %q", where, w.Name, i+1, wantRules[i])
+			case i >= len(wantRules) || !slices.Contains(wantRules, haveRules[i]):
+				return fmt.Errorf("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, haveRules[i])
+			default:
+				return fmt.Errorf("%s: chain %s rule %d is %q, expected %q (rules out of order)", where, w.Name, i+1, haveRules[i], wantRules[i])
+			}
+		}
+	}
+	return nil
+}
+
+// nftDiffBase compares a base chain: want's jumps must be there once each, and every other rule
+// must be the jump of a family want does not cover (Check may look at one family at a time).
+func nftDiffBase(where string, w, h NFTChain) error {
+	haveRules := ruleTexts(h.Rules)
+	for _, r := range ruleTexts(w.Rules) {
+		switch n := count(haveRules, r); {
+		case n == 0:
+			return fmt.Errorf("%s: chain %s lacks the jump %q", where, w.Name, r)
+		case n > 1:
+			return fmt.Errorf("%s: chain %s has the jump %q %d times, expected once", where, w.Name, r, n)
+		}
+	}
+	var jumps []string
+	for _, f := range []Family{IPv4, IPv6} {
+		all, _ := BuildNFT(Config{Family: f, ProxyUID: 1, InboundPort: 1, OutboundPort: 1})
+		for _, ch := range all.Chains {
+			if ch.Name == w.Name {
+				jumps = append(jumps, ruleTexts(ch.Rules)...)
+			}
+		}
+	}
+	for i, r := range haveRules {
+		if !slices.Contains(jumps, r) {
+			return fmt.Errorf("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, r)
+		}
+	}
+	return nil
+}
+
+func ruleTexts(rules []NFTRule) []string {
+	out := make([]string, len(rules))
+	for i, r := range rules {
+		out[i] = r.String()
+	}
+	return out
+}
+
+func count(list []string, s string) int {
+	n := 0
+	for _, x := range list {
+		if x == s {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,230 @@
+package iptables_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/internal/netlab"
+	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/vishvananda/netlink"
+)
+
+// A pod with hostUsers: false has its network namespace owned by the pod's user namespace. The
+// kernel refuses xt_owner matches (--uid-owner, --gid-owner) written from another user
+// namespace (xt_owner.c owner_check: current_user_ns() != net->user_ns gives EINVAL), which is
+// what the plugin, running in the host's, is. nft_meta's skuid/skgid have no such check at
+// init, and evaluate the socket's fsuid/fsgid as seen from the namespace's owner
+// (from_kuid_munged(sock_net(sk)->user_ns, ...)), so the pod's own UIDs are the ones to write.
+// This test proves both on the running kernel: a child in a new user namespace (uids 0-65535
+// mapped to 100000-165535, as containerd does) and a network namespace it owns; iptables from
+// the host fails, the nftables backend from the host succeeds, and connections made inside the
+// user namespace as the pod's UIDs and GIDs are redirected or not as the rules say.
+func TestIntegrationNFTablesUserNamespace(t *testing.T) {
+	testenv.Privileged(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	// The child runs as an unprivileged host UID: give it a copy of the test binary it can read.
+	dir, err := os.MkdirTemp("", "detour-userns-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "iptables.test")
+	if err := copyFile(os.Args[0], bin); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "userns-dialer")
+	cmd.Path, cmd.Args[0] = bin, bin
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET,
+		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
+		GidMappingsEnableSetgroups: true,
+		// Root of the new user namespace (host UID 100000), which may take any of its identities.
+		Credential: &syscall.Credential{Uid: 0, Gid: 0},
+	}
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start the child in a new user and network namespace: %v", err)
+	}
+	defer func() { stdin.Close(); cmd.Wait() }()
+	lines := bufio.NewScanner(stdout)
+	if !lines.Scan() || lines.Text() != "ready" {
+		t.Fatalf("child did not start: %q %v", lines.Text(), lines.Err())
+	}
+	pod := &testenv.NetNS{Name: "userns-pod", Path: fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)}
+	if owner, err := nsOwnerDiffers(pod.Path); err != nil || !owner {
+		t.Fatalf("the pod's network namespace is not owned by another user namespace (%v)", err)
+	}
+	remote := testenv.NewNetNS(t)
+	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.MustParsePrefix("10.78.0.2/24")}, remote, "eth0", []netip.Prefix{netip.MustParsePrefix("10.78.0.1/24")})
+	testenv.Serve(t, pod, "outbound", "tcp4", "0.0.0.0:4140")
+	testenv.Serve(t, remote, "remote", "tcp4", "0.0.0.0:8080")
+	if err := setLoopbackUp(pod); err != nil {
+		t.Fatal(err)
+	}
+
+	rs, err := iptables.Build(iptables.Config{Family: iptables.IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
+		ExemptUIDs: []uint32{1000}, ExemptGIDs: []uint32{2601}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The iptables tools, from the host's user namespace: the owner matches are refused.
+	for _, b := range []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT} {
+		err := iptables.NewExecutor(iptables.WithBackend(b)).Apply(ctx, pod.Path, rs)
+		if err == nil {
+			t.Errorf("%s backend: applying owner matches from the host's user namespace succeeded; the kernel was expected to refuse them", b)
+		} else {
+			t.Logf("%s backend, as expected: %v", b, err)
+		}
+		_ = iptables.NewExecutor(iptables.WithBackend(b)).Remove(ctx, pod.Path, iptables.IPv4)
+	}
+
+	exec := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables))
+	if err := exec.Apply(ctx, pod.Path, rs); err != nil {
+		t.Fatalf("nftables backend: apply from the host's user namespace: %v", err)
+	}
+	if err := exec.Check(ctx, pod.Path, rs); err != nil {
+		t.Fatalf("nftables backend: check: %v", err)
+	}
+
+	// UIDs and GIDs as the pod sees them, inside its user namespace.
+	for _, tc := range []struct {
+		uid, gid uint32
+		want     string
+	}{
+		{3000, 3000, "outbound"}, // the app
+		{0, 0, "outbound"},       // the pod's root (host UID 100000)
+		{2102, 2102, "remote"},   // the proxy
+		{1000, 1000, "remote"},   // an exempt UID
+		{0, 2601, "remote"},      // root with an exempt GID
+	} {
+		fmt.Fprintf(stdin, "%d:%d 10.78.0.1:8080\n", tc.uid, tc.gid)
+		if !lines.Scan() {
+			t.Fatalf("child ended: %v", lines.Err())
+		}
+		got := lines.Text()
+		if !strings.HasPrefix(got, tc.want+" ") {
+			t.Errorf("inside the user namespace as %d:%d: %q, want %s", tc.uid, tc.gid, got, tc.want)
+		} else {
+			t.Logf("inside the user namespace as %d:%d (host %d:%d): %s", tc.uid, tc.gid, tc.uid+100000, tc.gid+100000, got)
+		}
+	}
+}
+
+func setLoopbackUp(ns *testenv.NetNS) error {
+	return ns.Handle(func(h *netlink.Handle) error {
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		return h.LinkSetUp(lo)
+	})
+}
+
+// usernsDialer is the child of TestIntegrationNFTablesUserNamespace: it says it is ready, then
+// for each line "UID:GID ADDR" connects to ADDR as that identity of its user namespace (on a
+// thread of its own) and prints the answer or the error.
+func usernsDialer([]string) int {
+	fmt.Println("ready")
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		idText, addr, _ := strings.Cut(in.Text(), " ")
+		u, g, _ := strings.Cut(idText, ":")
+		uid, _ := strconv.ParseUint(u, 10, 32)
+		gid, _ := strconv.ParseUint(g, 10, 32)
+		line, err := dialOnThreadAs(uint32(uid), uint32(gid), addr)
+		if err != nil {
+			line = "error " + err.Error()
+		}
+		fmt.Println(line)
+	}
+	return 0
+}
+
+// dialOnThreadAs connects to addr as uid and gid (no supplementary groups) from a thread of
+// its own, which takes the identity with raw system calls (changing that thread only) and is
+// never unlocked, so the runtime ends it with the goroutine.
+func dialOnThreadAs(uid, gid uint32, addr string) (string, error) {
+	type result struct {
+		line string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread()
+		for _, call := range [][4]uintptr{
+			{syscall.SYS_SETGROUPS, 0, 0, 0},
+			{syscall.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)},
+			{syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)},
+		} {
+			if _, _, errno := syscall.RawSyscall(call[0], call[1], call[2], call[3]); errno != 0 {
+				done <- result{err: fmt.Errorf("become %d:%d: %w", uid, gid, errno)}
+				return
+			}
+		}
+		line, err := netlab.DialLine(addr, 2*time.Second)
+		done <- result{line, err}
+	}()
+	r := <-done
+	return r.line, r.err
+}
+
+func copyFile(from, to string) error {
+	src, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return err
+	}
+	return dst.Close()
+}
+
+// nsOwnerDiffers reports whether the network namespace at path is owned by a user namespace
+// other than the test's (NS_GET_USERNS).
+func nsOwnerDiffers(path string) (bool, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer f.Close()
+	const nsGetUserns = 0xb701 // _IO(0xb7, 0x1)
+	fd, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), nsGetUserns, 0)
+	if errno != 0 {
+		return false, errno
+	}
+	defer syscall.Close(int(fd))
+	var owner, mine syscall.Stat_t
+	if err := syscall.Fstat(int(fd), &owner); err != nil {
+		return false, err
+	}
+	if err := syscall.Stat("/proc/self/ns/user", &mine); err != nil {
+		return false, err
+	}
+	return owner.Ino != mine.Ino, nil
+}

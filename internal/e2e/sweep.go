@@ -33,7 +33,10 @@ func processStart(pid int) (string, error) {
 func ownerAlive(dir string) bool {
 	data, err := os.ReadFile(filepath.Join(dir, "owner"))
 	if err != nil {
-		return false
+		// No owner file yet (a run between creating its directory and writing the file) or
+		// none any more: the PID in the name decides, so a live run is never swept.
+		parts := strings.Split(filepath.Base(dir), "-")
+		return len(parts) == 4 && fileExists("/proc/"+parts[2])
 	}
 	fields := strings.Fields(string(data))
 	if len(fields) != 2 {

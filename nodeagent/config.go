@@ -78,6 +78,10 @@ type Flags struct {
 	NodeName     string
 	StartupTaint string
 	Resync       time.Duration
+
+	// CNIConfigMode is how the plugin's configuration reaches the runtime: "auto", "drop-in"
+	// or "chained-entry" (see [Mode]).
+	CNIConfigMode string
 }
 
 // DefaultFlags returns the defaults, with NodeName from $NODE_NAME.
@@ -98,6 +102,7 @@ func DefaultFlags() Flags {
 		NodeName:          os.Getenv("NODE_NAME"),
 		StartupTaint:      annotations.CNINotReadyTaint,
 		Resync:            DefaultResync,
+		CNIConfigMode:     string(ModeAuto),
 	}
 }
 
@@ -121,6 +126,8 @@ type Config struct {
 	NodeName     string
 	StartupTaint string
 	Resync       time.Duration
+	// Mode is the --cni-config-mode setting; the agent decides ModeAuto on the node.
+	Mode Mode
 }
 
 // entry is detour's conflist entry; the plugin (cniplugin.ParseConfig) reads these keys.
@@ -246,6 +253,9 @@ func (f Flags) Parse() (Config, error) {
 	}
 	if errs := validation.IsQualifiedName(f.StartupTaint); len(errs) > 0 {
 		return c, flagError("--startup-taint", f.StartupTaint, "must be a taint key such as "+annotations.CNINotReadyTaint+": "+strings.Join(errs, "; "))
+	}
+	if c.Mode, err = ParseMode(f.CNIConfigMode); err != nil {
+		return c, err
 	}
 	if f.Resync < time.Second || f.Resync > time.Hour {
 		return c, flagError("--resync-interval", f.Resync.String(), "must be from 1s to 1h0m0s, such as 10s")

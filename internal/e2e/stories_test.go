@@ -42,6 +42,7 @@ func TestE2E(t *testing.T) {
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
 		{"kubectl/warnings", kubectlWarnings},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
+		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 	}
@@ -343,11 +344,15 @@ spec:
 	e.waitReady(t, ctx, "warn", "", 1)
 }
 
-// seed000Repair: with the agent gone and detour's entry removed behind its back, a new pod
+// seed000Repair: with the agent gone and detour's entry (drop-in or in-file) removed behind its back, a new pod
 // starts without rules and its validator fails; once the agent is back, repair deletes the
 // pod, its ReplicaSet recreates it and it runs. A bare pod is annotated, never deleted.
 func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	e.setAgent(t, ctx, false)
+	// Both forms go: the drop-in first, then the conflist's rewrite makes containerd reload.
+	if err := os.RemoveAll(filepath.Dir(e.dropInPath())); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +399,8 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	})
 }
 
-// uninstallHelm: `helm uninstall` leaves no detour entry in the node's conflist, running
+// uninstallHelm: `helm uninstall` leaves no detour configuration on the node (no drop-in, no
+// entry in the conflist), running
 // pods keep working, new pods start uninjected.
 func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	web, err := e.pods(ctx, "shop", "app=web")
@@ -404,10 +410,7 @@ func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	if out, err := e.node.Helm(ctx, "uninstall", "detour", "--namespace", detourNamespace, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
 	}
-	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
-		data, err := os.ReadFile(e.node.PrimaryConfigPath())
-		return err == nil && !strings.Contains(string(data), "detour-cni"), err
-	})
+	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 	e.assertCaptured(t, ctx, web[0], "web")
 	if _, err := e.node.Client.CoreV1().Pods("shop").Create(ctx, e.pod("after", "shop"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -465,10 +468,7 @@ func installManifest(t *testing.T, ctx context.Context, e *env) {
 	if stdout, stderr, err := e.node.Kubectl(ctx, "delete", "-f", path, "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("kubectl delete -f install.yaml: %v\n%s%s", err, stdout, stderr)
 	}
-	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
-		data, err := os.ReadFile(e.node.PrimaryConfigPath())
-		return err == nil && !strings.Contains(string(data), "detour-cni"), err
-	})
+	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 }
 
 // pod is an opted-in test pod: an init container that dials the test server (it must reach

@@ -311,6 +311,9 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		return s, nil
 	}
 	s.Primary = primary
+	if err := checkExclusive(a.cfg.ConfDir); err != nil {
+		return s, err
+	}
 	data, err := os.ReadFile(primary)
 	if err != nil {
 		return s, fmt.Errorf("read the primary CNI configuration: %w", err)

@@ -135,6 +135,11 @@ func (c *checker) cniConfig(dir string) {
 		c.fail("CNI configuration in %s: none found; the primary CNI has not written its configuration yet, and the node agent waits for it", dir)
 		return
 	}
+	if files, fixes, err := nodeagent.RenamedAway(dir); err != nil {
+		c.fail("CNI configuration in %s: %v", dir, err)
+	} else if len(files) > 0 {
+		c.fail("the primary CNI renamed detour's configuration away (%s), and the node agent keeps the node unlabelled: %s; then delete the renamed file", strings.Join(files, ", "), fixes[0])
+	}
 	data, err := os.ReadFile(primary)
 	if err != nil {
 		c.fail("read %s: %v", primary, err)

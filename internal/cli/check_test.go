@@ -59,6 +59,10 @@ func TestCheckCNIConfig(t *testing.T) {
 			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`,
 			"k8s/zzz-late.conf":      `{"type":"late"}`},
 			`✗ DIR/k8s/zzz-late.conf runs after detour's drop-in`},
+		{"exclusive primary", map[string]string{
+			"05-cilium.conf":                `{"cniVersion":"0.3.1","name":"cilium","type":"cilium-cni"}`,
+			"05-cilium.conflist.cilium_bak": `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"},{"type":"detour-cni"}]}`},
+			"✗ the primary CNI renamed detour's configuration away (DIR/05-cilium.conflist.cilium_bak), and the node agent keeps the node unlabelled: Cilium claims the CNI config directory (its Helm value cni.exclusive, true by default): set cni.exclusive=false"},
 		{"kubeconfig missing", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"/nonexistent/kubeconfig"}]}`},
 			"✗ the plugin's kubeconfig"},
 	} {

@@ -157,7 +157,7 @@ func (c *checker) cniConfig(dir string) {
 		Plugins []json.RawMessage `json:"plugins"`
 	}
 	if err := json.Unmarshal(data, &list); err != nil || len(list.Plugins) == 0 {
-		c.fail("%s is not a conflist with plugins (%v); the node agent converts a .conf when it installs detour", primary, err)
+		c.fail("%s is not a conflist with plugins; the node agent converts a .conf when it installs detour", primary)
 		return
 	}
 	// detour's entry must come after the primary plugin; another chained plugin may follow it.

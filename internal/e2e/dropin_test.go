@@ -114,7 +114,7 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *env) {
 type churnResult struct{ pods, failed, rewrites int }
 
 // churn creates injected pods in waves of 4 in ns while the primary's conflist is rewritten 50
-// times, 150ms apart, and counts the pods whose validator found no rules (exit 42).
+// times, 300ms apart, and counts the pods whose validator found no rules (exit 42).
 func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 	t.Helper()
 	e.namespace(t, ctx, ns, true)
@@ -149,7 +149,7 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 				return
 			}
 			res.rewrites++
-			time.Sleep(150 * time.Millisecond)
+			time.Sleep(300 * time.Millisecond)
 		}
 	}()
 	pods := e.node.Client.CoreV1().Pods(ns)

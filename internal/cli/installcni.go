@@ -126,7 +126,7 @@ docs/node-agent.md.`,
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
 	fl.StringVar(&podName, "pod-name", podName, "the agent's own pod (default $POD_NAME, downward API metadata.name): at SIGTERM it uninstalls when the DaemonSet running that pod is being deleted; empty: never")
 	fl.StringVar(&podNS, "pod-namespace", podNS, "the namespace of --pod-name (default $POD_NAMESPACE)")
-	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
+	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's drop-in and conflist entries, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
 	fl.BoolVar(&hold, "hold", false, "with --uninstall: after removing everything, keep running and report ready on /readyz until SIGTERM (the chart's uninstall mode)")
 	return cmd
 }

@@ -188,14 +188,14 @@ func (a *Agent) Ready() (bool, string) {
 	case !s.Ready(a.node != nil):
 		return false, s.Reason
 	case a.tokens == nil:
-		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s)", s.Entry, s.Mode)
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s: %s)", s.Entry, s.Mode, s.ModeReason)
 	case !a.now().Before(s.PluginTokenExpires):
 		// The reconcile scheduled at the expiry reports why; this covers the moment until then.
 		return false, fmt.Sprintf("the plugin's token for service account %s expired at %s and has not been renewed yet (see the agent's log)",
 			a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
 	default:
-		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s); the plugin's token for service account %s is valid until %s",
-			s.Entry, s.Mode, a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s: %s); the plugin's token for service account %s is valid until %s",
+			s.Entry, s.Mode, s.ModeReason, a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
 	}
 }
 

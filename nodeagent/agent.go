@@ -384,6 +384,11 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		return s, errors.Join(err, kubeconfigErr)
 	}
 	s.EntryInPlace = true
+	if wrote, err := writeFileAtomic(filepath.Join(a.cfg.ConfDir, ModeFileName), []byte(string(s.Mode)+"\n"+s.ModeReason+"\n"), 0o644); err != nil {
+		return s, errors.Join(err, kubeconfigErr)
+	} else if wrote {
+		a.log.Info("recorded the mode for detour check", "file", filepath.Join(a.cfg.ConfDir, ModeFileName))
+	}
 	if kubeconfigErr != nil {
 		return s, kubeconfigErr
 	}
@@ -943,7 +948,7 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		errs = append(errs, err)
 		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
 	} else {
-		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
+		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath, filepath.Join(a.cfg.ConfDir, ModeFileName)} {
 			if removed, err := removeFile(f); err != nil {
 				errs = append(errs, err)
 			} else if removed {

@@ -173,6 +173,11 @@ func (f Flags) Parse() (Config, error) {
 			return c, flagError(n.flag, n.value, "must be a plain file name, not hidden and without a .conf, .conflist or .json extension (the runtime would load it as a network)")
 		}
 	}
+	for _, n := range []struct{ flag, value string }{{"--kubeconfig-name", f.KubeconfigName}, {"--token-name", f.TokenName}} {
+		if n.value == ModeFileName {
+			return c, flagError(n.flag, n.value, "must differ from "+ModeFileName+", where the agent records its mode")
+		}
+	}
 	if f.KubeconfigName == f.TokenName {
 		return c, flagError("--token-name", f.TokenName, "must differ from --kubeconfig-name")
 	}

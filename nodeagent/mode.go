@@ -29,6 +29,20 @@ const (
 	ModeChainedEntry Mode = "chained-entry"
 )
 
+// ModeFileName is the file in the conf dir where the agent records the mode it chose and why
+// (two lines), for `detour check`. It has no CNI extension: no runtime loads it.
+const ModeFileName = "detour-cni.mode"
+
+// ReadModeFile returns the mode and reason the agent recorded in dir, or empty strings.
+func ReadModeFile(dir string) (Mode, string) {
+	data, err := os.ReadFile(filepath.Join(dir, ModeFileName))
+	if err != nil {
+		return "", ""
+	}
+	mode, reason, _ := strings.Cut(strings.TrimSpace(string(data)), "\n")
+	return Mode(mode), reason
+}
+
 // DropInName is the file name of detour's drop-in in <conf dir>/<network name>/. libcni loads
 // the directory's *.conf files in lexical order after the inlined plugins; "zz-" puts detour's
 // after the others.

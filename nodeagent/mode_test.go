@@ -148,7 +148,7 @@ func TestDropInSurvivesThePrimaryRewritingItsFile(t *testing.T) {
 	if types := loaded(t, primary); !slices.Equal(types, want) {
 		t.Errorf("the runtime loads %v, want %v", types, want)
 	}
-	if got, want := files(t, e.confDir), []string{"10-calico.conflist", "detour-cni.kubeconfig", "detour-cni.token", "k8s-pod-network/", "k8s-pod-network/" + nodeagent.DropInName}; !slices.Equal(got, want) {
+	if got, want := files(t, e.confDir), []string{"10-calico.conflist", "detour-cni.kubeconfig", "detour-cni.mode", "detour-cni.token", "k8s-pod-network/", "k8s-pod-network/" + nodeagent.DropInName}; !slices.Equal(got, want) {
 		t.Errorf("conf dir holds %v, want %v", got, want)
 	}
 	// The plugin parses the drop-in as it parses the entry.
@@ -251,8 +251,13 @@ func TestModeMigration(t *testing.T) {
 		if got := files(t, e.confDir); !slices.Equal(got, wantFiles) {
 			t.Errorf("%s on %s: conf dir holds %v, want %v", mode, runtime, got, wantFiles)
 		}
+		// detour check reads the mode and why from the file the agent records them in.
+		got, why := nodeagent.ReadModeFile(e.confDir)
+		if wantMode := nodeagent.ModeChainedEntry; slices.Contains(wantFiles, "k8s-pod-network/") && got != nodeagent.ModeDropIn || !slices.Contains(wantFiles, "k8s-pod-network/") && got != wantMode || why == "" {
+			t.Errorf("%s on %s: recorded mode %q, %q", mode, runtime, got, why)
+		}
 	}
-	inFile := []string{"10-calico.conflist", "detour-cni.kubeconfig", "detour-cni.token"}
+	inFile := []string{"10-calico.conflist", "detour-cni.kubeconfig", "detour-cni.mode", "detour-cni.token"}
 	asDropIn := append(slices.Clone(inFile), "k8s-pod-network/", "k8s-pod-network/"+nodeagent.DropInName)
 
 	step("chained-entry", "containerd://2.4.2", inFile)

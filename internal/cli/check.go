@@ -184,13 +184,20 @@ func (c *checker) cniConfig(dir string) {
 		c.fail("%s holds a %s entry and %s is detour's drop-in as well: the runtime runs the plugin twice; the node agent keeps one of them (cniConfigMode), so restart it or remove one", primary, cniplugin.PluginType, dropIn)
 		return
 	case dropIn != "":
-		c.ok("%s (the configuration the runtime uses) loads %s from the drop-in %s after its plugins (mode drop-in: the primary rewriting its conflist leaves it alone)", filepath.Base(primary), cniplugin.PluginType, dropIn)
+		why := "the primary rewriting its conflist leaves it alone"
+		if mode, reason := nodeagent.ReadModeFile(dir); mode == nodeagent.ModeDropIn {
+			why = reason
+		}
+		c.ok("%s (the configuration the runtime uses) loads %s from the drop-in %s after its plugins (mode drop-in: %s)", filepath.Base(primary), cniplugin.PluginType, dropIn, why)
 		conf = dropInConf
 	case conf == nil:
 		c.fail("%s (the configuration the runtime uses) has no %s entry and no drop-in in %s: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, cniplugin.PluginType, filepath.Join(dir, netList.Name))
 		return
 	default:
 		why := "cniConfigMode chained-entry, or auto on a runtime that loads no drop-ins (the node agent's log says which)"
+		if mode, reason := nodeagent.ReadModeFile(dir); mode == nodeagent.ModeChainedEntry {
+			why = reason
+		}
 		switch {
 		case filepath.Ext(primary) != ".conflist":
 			why = "a single-plugin .conf gets no drop-ins"

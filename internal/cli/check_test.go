@@ -44,6 +44,15 @@ func TestCheckCNIConfig(t *testing.T) {
 			"k8s/10-tuning.conf":     `{"type":"tuning"}`,
 			"k8s/zz-detour-cni.conf": `{"type":"detour-cni","kubeconfig":"KUBECONFIG"}`},
 			"✓ 10-bridge.conflist (the configuration the runtime uses) loads detour-cni from the drop-in DIR/k8s/zz-detour-cni.conf after its plugins (mode drop-in"},
+		{"drop-in, with the agent's reason", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`,
+			"detour-cni.mode":        "drop-in\ncniConfigMode is auto and containerd 2.4.2 loads drop-ins (2.1.0 or later)\n",
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) loads detour-cni from the drop-in DIR/k8s/zz-detour-cni.conf after its plugins (mode drop-in: cniConfigMode is auto and containerd 2.4.2 loads drop-ins (2.1.0 or later))"},
+		{"in-file entry, with the agent's reason", map[string]string{
+			"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni"}]}`,
+			"detour-cni.mode":    "chained-entry\ncniConfigMode is auto and containerd 1.7.27 loads no drop-ins (it needs 2.1.0 or later)\n"},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin (mode chained-entry: cniConfigMode is auto and containerd 1.7.27 loads no drop-ins (it needs 2.1.0 or later))"},
 		{"in-file entry with loadOnlyInlinedPlugins", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"},{"type":"detour-cni"}]}`},
 			`✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin (mode chained-entry: the conflist sets "loadOnlyInlinedPlugins": true`},
 		{"drop-in and entry", map[string]string{

@@ -441,13 +441,16 @@ func TestCheckCluster(t *testing.T) {
 			bare.Annotations[repair.RecreateAnnotation] = "recreate it"
 			passedLater := injectedPod("shop", "web-3", 0)
 			passedLater.Status.InitContainerStatuses[0].LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: validator.ExitNoRedirect}}
+			runningAgain := injectedPod("shop", "web-4", 0)
+			runningAgain.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+			runningAgain.Status.InitContainerStatuses[0].LastTerminationState = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: validator.ExitNoRedirect}}
 			uninjected := injectedPod("shop", "plain", validator.ExitNoRedirect)
 			uninjected.Annotations = nil
-			f.objects = append(f.objects, crashing, bare, passedLater, uninjected, injectedPod("other", "api", validator.ExitPortInUse))
+			f.objects = append(f.objects, crashing, bare, passedLater, runningAgain, uninjected, injectedPod("other", "api", validator.ExitPortInUse))
 		}, want: map[string]struct {
 			status Status
 			msg    string
-		}{"validator": {Error, "the validator of 3 injected pods failed: other/api on node-a (exit 43, proxy port in use), shop/bare on node-a (exit 42, no redirect), shop/web-2 on node-a (exit 42, no redirect)"}}},
+		}{"validator": {Error, "the validator of 4 injected pods failed: other/api on node-a (exit 43, proxy port in use), shop/bare on node-a (exit 42, no redirect), shop/web-2 on node-a (exit 42, no redirect), shop/web-4 on node-a (exit 42, no redirect)"}}},
 		{name: "recent repairs", change: func(f *fixture) {
 			f.objects = append(f.objects,
 				repairEvent("web-1", "Delete", now.Add(-5*time.Minute)),

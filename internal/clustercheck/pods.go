@@ -43,7 +43,9 @@ func validatorExit(p *corev1.Pod) (int32, bool) {
 		if t := s.State.Terminated; t != nil {
 			return t.ExitCode, t.ExitCode != 0
 		}
-		if t := s.LastTerminationState.Terminated; s.State.Waiting != nil && t != nil {
+		// Waiting to restart, or running again: the last run's result is the pod's state
+		// (a validator that finds no redirect spends its whole timeout running).
+		if t := s.LastTerminationState.Terminated; t != nil {
 			return t.ExitCode, t.ExitCode != 0
 		}
 	}

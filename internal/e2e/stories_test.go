@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/repair"
 )
 
@@ -41,6 +42,8 @@ func TestE2E(t *testing.T) {
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
 		{"kubectl/warnings", kubectlWarnings},
+		{"check/cluster-healthy", checkClusterHealthy},
+		{"node/agent-follows-the-node", agentFollowsTheNode},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"uninstall/helm", uninstallHelm},
@@ -304,6 +307,12 @@ func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
 	if status := e.pluginLog(t, "STATUS", "ready"); len(status) == 0 {
 		t.Errorf("containerd never called STATUS (or detour-cni logged none)")
 	}
+	// containerd 2.4 never calls CHECK or GC (docs/cni-plugin.md says so).
+	for _, cmd := range []string{"CHECK", "GC"} {
+		if n := len(e.pluginLog(t, cmd, "")); n != 0 {
+			t.Errorf("containerd called %s %d times; docs/cni-plugin.md says it never does", cmd, n)
+		}
+	}
 }
 
 // kubectlWarnings: a real `kubectl apply` prints detour's admission warnings.
@@ -344,8 +353,49 @@ spec:
 	e.waitReady(t, ctx, "warn", "", 1)
 }
 
-// seed000Repair: with the agent gone and detour's entry (drop-in or in-file) removed behind its back, a new pod
-// starts without rules and its validator fails; once the agent is back, repair deletes the
+// checkClusterHealthy: on the node as the stories above left it — detour installed, the
+// agent ready, pods injected — `detour check --cluster` exits 0, and the checks that need
+// the real cluster pass: the certificate the webhook serves (seen through a port-forward by
+// the kubelet), a dry-run admission through the real webhook, the agent, taint and label.
+func checkClusterHealthy(t *testing.T, ctx context.Context, e *env) {
+	report, failed := e.checkCluster(t, ctx)
+	if failed {
+		t.Errorf("detour check --cluster failed on a healthy node: %+v", report.Results)
+	}
+	for _, name := range []string{"webhook-config", "webhook-endpoints", "webhook-certificate", "webhook-admission",
+		"webhook-deployment", "node-agent", "startup-taint", "ready-label", "validator"} {
+		wantCheck(t, report, name, clustercheck.OK, "")
+	}
+}
+
+// checkCluster runs `detour check --cluster -o json` inside the node's namespaces with the
+// admin kubeconfig, as a cluster admin would, and returns its report and whether it exited
+// non-zero.
+func (e *env) checkCluster(t testing.TB, ctx context.Context) (clustercheck.Report, bool) {
+	t.Helper()
+	stdout, stderr, err := e.node.RunSplit(ctx, nil, filepath.Join(e.art.dir, "detour"),
+		"check", "--cluster", "--kubeconfig", e.node.Kubeconfig, "-o", "json", "--since", "10m")
+	var r clustercheck.Report
+	if jerr := json.Unmarshal([]byte(stdout), &r); jerr != nil {
+		t.Fatalf("detour check --cluster -o json: %v (%v)\nstdout:\n%s\nstderr:\n%s", jerr, err, stdout, stderr)
+	}
+	return r, err != nil
+}
+
+// wantCheck fails t unless check name ran with status and a message containing want.
+func wantCheck(t testing.TB, r clustercheck.Report, name string, status clustercheck.Status, want string) {
+	t.Helper()
+	res, ok := r.Result(name)
+	switch {
+	case !ok:
+		t.Errorf("detour check --cluster ran no check %s", name)
+	case res.Status != status || !strings.Contains(res.Message, want):
+		t.Errorf("check %s: %s %q, want %s with %q (fix: %s)", name, res.Status, res.Message, status, want, res.Fix)
+	}
+}
+
+// seed000Repair: with the agent gone and detour's configuration (drop-in or in-file entry)
+// removed behind its back, a new pod starts without rules and its validator fails; once the agent is back, repair deletes the
 // pod, its ReplicaSet recreates it and it runs. A bare pod is annotated, never deleted.
 func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	e.setAgent(t, ctx, false)
@@ -378,6 +428,16 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 		return len(failed) == 2, nil
 	})
 
+	// `detour check --cluster` sees the broken node: no agent, two failed validators.
+	report, exitNonZero := e.checkCluster(t, ctx)
+	if !exitNonZero {
+		t.Errorf("detour check --cluster exited 0 on a node without its agent")
+	}
+	if res, _ := report.Result("node-agent"); res.Status == clustercheck.OK {
+		t.Errorf("check node-agent is ok on a node without its agent: %s", res.Message)
+	}
+	wantCheck(t, report, "validator", clustercheck.Error, "exit 42")
+
 	e.setAgent(t, ctx, true)
 	replaced := e.waitReady(t, ctx, "late", "app=late", 1)[0]
 	if _, stale := failed[replaced.Name]; stale {
@@ -400,8 +460,7 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 }
 
 // uninstallHelm: `helm uninstall` leaves no detour configuration on the node (no drop-in, no
-// entry in the conflist), running
-// pods keep working, new pods start uninjected.
+// entry in the conflist), running pods keep working, new pods start uninjected.
 func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	web, err := e.pods(ctx, "shop", "app=web")
 	if err != nil || len(web) == 0 {
@@ -412,6 +471,11 @@ func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	}
 	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 	e.assertCaptured(t, ctx, web[0], "web")
+	report, failed := e.checkCluster(t, ctx)
+	if !failed {
+		t.Errorf("detour check --cluster exited 0 after helm uninstall")
+	}
+	wantCheck(t, report, "detour-namespace", clustercheck.Error, "not installed")
 	if _, err := e.node.Client.CoreV1().Pods("shop").Create(ctx, e.pod("after", "shop"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -559,15 +623,24 @@ func unschedulableForTaint(p *corev1.Pod) bool {
 // dial to the test server went through the proxy to the right original destination.
 func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, app string) {
 	t.Helper()
-	conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+	// Ready does not mean the app serves yet: the readiness probe's connection is captured by
+	// the proxy's inbound listener like any other, so wait for the app's reply.
+	var reply string
+	err := poll(ctx, 30*time.Second, func() (bool, error) {
+		conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+		if err != nil {
+			return false, err
+		}
+		defer conn.Close()
+		buf := make([]byte, 512)
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, _ := conn.Read(buf)
+		reply = string(buf[:n])
+		return reply != "", nil
+	})
 	if err != nil {
-		t.Fatalf("dial the app of %s: %v", p.Name, err)
+		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
 	}
-	buf := make([]byte, 512)
-	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	n, _ := conn.Read(buf)
-	conn.Close()
-	reply := string(buf[:n])
 	if !strings.Contains(reply, "127.0.0.1") && !strings.Contains(reply, "::1") {
 		t.Errorf("the app of %s saw a connection that did not come through the proxy: %q", p.Name, reply)
 	}

@@ -51,6 +51,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "e2e: stop the node:", err)
 			code = 1
 		}
+		os.RemoveAll(shared.env.art.dir)
 	}
 	os.Exit(code)
 }

@@ -1,0 +1,152 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/nodeagent"
+)
+
+// agentFollowsTheNode: after the first readiness, the node agent keeps the node's state true
+// on the real node (issue 15): STATUS keeps the node's network ready without the plugin's
+// kubeconfig and token, the ready label leaves when the CNI config does and comes back with
+// it (no taint is put back), and a restarted agent restores detour's configuration while the
+// API server is down.
+func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
+	t.Run("status-without-kubeconfig", func(t *testing.T) {
+		e.setAgent(t, ctx, false)
+		defer e.setAgent(t, ctx, true)
+		for _, name := range []string{nodeagent.DefaultKubeconfigName, nodeagent.DefaultTokenName} {
+			if err := os.Remove(filepath.Join(e.node.CNIConfDir, name)); err != nil && !os.IsNotExist(err) {
+				t.Fatal(err)
+			}
+		}
+		// Three of containerd's STATUS rounds (about 5 s apart): the node stays Ready.
+		deadline := time.Now().Add(16 * time.Second)
+		for time.Now().Before(deadline) {
+			if ready, msg := e.nodeReady(t, ctx); !ready {
+				t.Fatalf("the node went NotReady without the plugin's kubeconfig and token: %s", msg)
+			}
+			time.Sleep(time.Second)
+		}
+	})
+
+	t.Run("label-follows-the-config", func(t *testing.T) {
+		if err := os.Remove(e.node.PrimaryConfigPath()); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "the agent to take the ready label off", time.Minute, func() (bool, error) {
+			node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			for _, taint := range node.Spec.Taints {
+				if taint.Key == StartupTaint {
+					return false, fmt.Errorf("the agent put the startup taint back: %v", node.Spec.Taints)
+				}
+			}
+			return node.Labels[annotations.CNIReadyLabel] == "", nil
+		})
+		if err := e.node.WritePrimaryConfig(); err != nil {
+			t.Fatal(err)
+		}
+		e.waitLabelled(t, ctx)
+	})
+
+	t.Run("entry-restored-without-the-api", func(t *testing.T) {
+		if err := e.node.StopComponent("kube-apiserver"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := e.node.StartComponent(ctx, "kube-apiserver"); err != nil {
+				t.Fatal(err)
+			}
+			e.waitLabelled(t, ctx)
+		}()
+		if err := e.node.WritePrimaryConfig(); err != nil { // the primary rewrote its file
+			t.Fatal(err)
+		}
+		pid, err := agentPID(e.node.cgroup)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil { // the kubelet restarts it
+			t.Fatal(err)
+		}
+		waitFor(t, ctx, "the restarted agent to put detour's configuration back with the API server down", 90*time.Second, func() (bool, error) {
+			return e.detourConfigured(), nil
+		})
+	})
+}
+
+// nodeReady returns the node's Ready condition and its message.
+func (e *env) nodeReady(t testing.TB, ctx context.Context) (bool, string) {
+	t.Helper()
+	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status == corev1.ConditionTrue, c.Message
+		}
+	}
+	return false, "no Ready condition"
+}
+
+// waitLabelled waits for the node's ready label.
+func (e *env) waitLabelled(t testing.TB, ctx context.Context) {
+	t.Helper()
+	waitFor(t, ctx, "the agent to label the node ready", time.Minute, func() (bool, error) {
+		node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return node.Labels[annotations.CNIReadyLabel] == "true", nil
+	})
+}
+
+// detourConfigured reports whether the runtime's CNI configuration includes detour-cni: an
+// entry in the primary conflist, or a drop-in beside it.
+func (e *env) detourConfigured() bool {
+	if strings.Contains(readFile(e.node.PrimaryConfigPath()), `"detour-cni"`) {
+		return true
+	}
+	dropIns, _ := filepath.Glob(filepath.Join(e.node.CNIConfDir, "*", "*.conf"))
+	for _, f := range dropIns {
+		if strings.Contains(readFile(f), `"detour-cni"`) {
+			return true
+		}
+	}
+	return false
+}
+
+// agentPID finds the node agent's install-cni process among the node's processes (those in
+// the run's cgroup: never another run's or another test's).
+func agentPID(cgroup string) (int, error) {
+	dirs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range dirs {
+		data, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(data), "\x00")
+		if len(args) > 1 && strings.HasSuffix(args[0], "/detour") && args[1] == "install-cni" &&
+			strings.Contains(readFile(filepath.Join(filepath.Dir(p), "cgroup")), "/"+cgroup+"/") {
+			var pid int
+			fmt.Sscanf(filepath.Base(filepath.Dir(p)), "%d", &pid)
+			return pid, nil
+		}
+	}
+	return 0, fmt.Errorf("no detour install-cni process found")
+}

@@ -244,6 +244,21 @@ func TestProxyImageRequired(t *testing.T) {
 	}
 }
 
+// cniConfigMode is checked when the chart renders, not when the agent starts on every node; the
+// values chained-entry and drop-in reach the agent's flag.
+func TestCNIConfigModeValue(t *testing.T) {
+	cmd := exec.Command(testenv.Binary(t, "helm"), "template", "detour", chart, "--namespace", namespace, "--set", proxyImage, "--set", "nodeAgent.cniConfigMode=dropin")
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), `nodeAgent.cniConfigMode "dropin" is not auto, drop-in or chained-entry`) {
+		t.Errorf("helm template with cniConfigMode dropin: %v\n%s", err, out)
+	}
+	for _, mode := range []string{"drop-in", "chained-entry"} {
+		out := helm(t, "template", "detour", chart, "--namespace", namespace, "--set", proxyImage, "--set", "nodeAgent.cniConfigMode="+mode)
+		if !bytes.Contains(out, []byte("--cni-config-mode="+mode)) {
+			t.Errorf("cniConfigMode %s does not reach the agent's flag", mode)
+		}
+	}
+}
+
 func TestInstallYAMLMatchesChart(t *testing.T) {
 	want := append([]byte(installHeader), renderRaw(t, []string{"renderBundle=true"})...)
 	if *update {

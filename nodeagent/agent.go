@@ -59,6 +59,11 @@ type Agent struct {
 	// lastErr and lastErrAt are the reconcile error last logged, and when (Run only).
 	lastErr   string
 	lastErrAt time.Time
+	// runtime is the node's containerRuntimeVersion as last read, at runtimeAt; modeLogged is
+	// the mode decision last logged.
+	runtime    string
+	runtimeAt  time.Time
+	modeLogged string
 
 	mu     sync.Mutex
 	status Status
@@ -135,7 +140,15 @@ func New(cfg Config, opts ...Option) *Agent {
 type Status struct {
 	// Primary is the runtime's network configuration file, empty while there is none.
 	Primary string
-	// EntryInPlace: the primary holds detour's entry and the binary is installed.
+	// Mode is how detour's configuration reaches the runtime, as the agent chose it (empty
+	// before it could choose), and ModeReason why.
+	Mode       Mode
+	ModeReason string
+	// Entry is the file that holds detour's configuration: the primary's conflist
+	// (ModeChainedEntry) or the drop-in (ModeDropIn).
+	Entry string
+	// EntryInPlace: the primary holds detour's entry, or detour's drop-in is in place, and the
+	// binary is installed.
 	EntryInPlace bool
 	// ConfigInPlace: the entry is in place, the kubeconfig exists, and the plugin's token is
 	// written (and, when requested for its own service account, unexpired).
@@ -175,14 +188,14 @@ func (a *Agent) Ready() (bool, string) {
 	case !s.Ready(a.node != nil):
 		return false, s.Reason
 	case a.tokens == nil:
-		return true, fmt.Sprintf("detour's CNI entry is in place in %s", s.Primary)
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s: %s)", s.Entry, s.Mode, s.ModeReason)
 	case !a.now().Before(s.PluginTokenExpires):
 		// The reconcile scheduled at the expiry reports why; this covers the moment until then.
 		return false, fmt.Sprintf("the plugin's token for service account %s expired at %s and has not been renewed yet (see the agent's log)",
 			a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
 	default:
-		return true, fmt.Sprintf("detour's CNI entry is in place in %s; the plugin's token for service account %s is valid until %s",
-			s.Primary, a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
+		return true, fmt.Sprintf("detour's CNI entry is in place in %s (%s: %s); the plugin's token for service account %s is valid until %s",
+			s.Entry, s.Mode, s.ModeReason, a.tokens.account(), s.PluginTokenExpires.Format(time.RFC3339))
 	}
 }
 
@@ -298,6 +311,9 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		return s, nil
 	}
 	s.Primary = primary
+	if err := checkExclusive(a.cfg.ConfDir); err != nil {
+		return s, err
+	}
 	data, err := os.ReadFile(primary)
 	if err != nil {
 		return s, fmt.Errorf("read the primary CNI configuration: %w", err)
@@ -308,7 +324,16 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		s.Reason = fmt.Sprintf("waiting for %s to become a valid CNI configuration (%v)", primary, err)
 		return s, nil
 	}
-	if err := checkPluginDir(a.cfg.ConfDir, list); err != nil {
+	dropIns, err := dropInFiles(a.cfg.ConfDir)
+	if err != nil {
+		return s, err
+	}
+	s.Mode, s.ModeReason = ChooseMode(a.cfg.Mode, a.runtimeVersion(ctx), filepath.Ext(primary) == ".conflist", list.LoadOnlyInlinedPlugins, len(dropIns) > 0)
+	if decision := string(s.Mode) + ": " + s.ModeReason; decision != a.modeLogged {
+		a.log.Info("chose how detour's configuration reaches the runtime", "mode", s.Mode, "reason", s.ModeReason)
+		a.modeLogged = decision
+	}
+	if err := checkPluginDir(a.cfg.ConfDir, list, s.Mode); err != nil {
 		return s, err
 	}
 	// A primary that is a symlink is edited through it: the file the primary keeps updating.
@@ -323,6 +348,9 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		// Chained into a version the plugin does not speak, detour's entry would fail every
 		// ADD on the node, injected pods or not: take it out if an earlier agent put it there.
 		if rerr := a.removeEntry(primary, file, data); rerr != nil {
+			return s, errors.Join(err, rerr)
+		}
+		if _, rerr := a.removeDropIns(""); rerr != nil {
 			return s, errors.Join(err, rerr)
 		}
 		return s, err
@@ -343,10 +371,24 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}
 	s.PluginTokenExpires = expires
-	if s.Primary, err = a.ensureEntry(primary, file, data); err != nil {
+	if s.Mode == ModeDropIn {
+		s.Entry, err = a.ensureDropIn(primary, file, data, list.Name)
+	} else {
+		// Never both at once: the drop-in goes before the entry comes in.
+		if _, err = a.removeDropIns(""); err == nil {
+			s.Primary, err = a.ensureEntry(primary, file, data)
+			s.Entry = s.Primary
+		}
+	}
+	if err != nil {
 		return s, errors.Join(err, kubeconfigErr)
 	}
 	s.EntryInPlace = true
+	if wrote, err := writeFileAtomic(filepath.Join(a.cfg.ConfDir, ModeFileName), []byte(string(s.Mode)+"\n"+s.ModeReason+"\n"), 0o644); err != nil {
+		return s, errors.Join(err, kubeconfigErr)
+	} else if wrote {
+		a.log.Info("recorded the mode for detour check", "file", filepath.Join(a.cfg.ConfDir, ModeFileName))
+	}
 	if kubeconfigErr != nil {
 		return s, kubeconfigErr
 	}
@@ -366,18 +408,127 @@ func loadNetwork(path string, data []byte) (*libcni.NetworkConfigList, error) {
 	return libcni.ConfListFromConf(conf)
 }
 
-// checkPluginDir refuses a network that also loads plugins from <dir>/<network name>/ (CNI
-// 1.1): libcni runs those after the inline ones, so detour's entry would not follow them.
-func checkPluginDir(dir string, list *libcni.NetworkConfigList) error {
+// checkPluginDir refuses a network that loads plugins from <dir>/<network name>/ (CNI 1.1)
+// which the runtime would run after detour's: libcni runs those after the inline ones, in
+// lexical order, so an in-file entry would not follow any of them, and detour's drop-in would
+// not follow those that sort after it. detour's own drop-ins do not count.
+func checkPluginDir(dir string, list *libcni.NetworkConfigList, mode Mode) error {
 	if list.LoadOnlyInlinedPlugins || list.Name == "" {
 		return nil
 	}
 	pluginDir := filepath.Join(dir, list.Name)
 	files, err := libcni.ConfFiles(pluginDir, []string{".conf"})
-	if err != nil || len(files) == 0 {
+	if err != nil {
 		return nil
 	}
-	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\" or set \"loadOnlyInlinedPlugins\": true", list.Name, pluginDir)
+	var after []string
+	for _, f := range files {
+		if data, err := os.ReadFile(f); err == nil && isEntry(data) {
+			continue
+		}
+		if mode == ModeDropIn && filepath.Base(f) < DropInName {
+			continue
+		}
+		after = append(after, filepath.Base(f))
+	}
+	switch {
+	case len(after) == 0:
+		return nil
+	case mode == ModeDropIn:
+		return fmt.Errorf("network %q loads %s from %s after detour's drop-in %s: rename them to sort before it, or move them into the conflist's \"plugins\"", list.Name, strings.Join(after, ", "), pluginDir, DropInName)
+	}
+	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\", set \"loadOnlyInlinedPlugins\": true, or use cniConfigMode drop-in", list.Name, pluginDir)
+}
+
+// runtimeVersion returns the node's container runtime and version
+// (status.nodeInfo.containerRuntimeVersion), read at most every runtimeRecheck: a runtime
+// upgraded in place changes the mode auto picks. It returns the last one read when the API
+// fails, and "" without a node client.
+func (a *Agent) runtimeVersion(ctx context.Context) string {
+	if a.node == nil || a.cfg.Mode != ModeAuto {
+		return a.runtime
+	}
+	if !a.runtimeAt.IsZero() && a.now().Sub(a.runtimeAt) < runtimeRecheck {
+		return a.runtime
+	}
+	v, err := a.node.runtime(ctx)
+	if err != nil {
+		a.log.Warn("cannot read the node's container runtime; keeping the last one", "runtime", a.runtime, "err", err)
+		return a.runtime
+	}
+	a.runtime, a.runtimeAt = v, a.now()
+	return v
+}
+
+// runtimeRecheck is how often the agent reads the node's container runtime again.
+const runtimeRecheck = 5 * time.Minute
+
+// ensureDropIn puts detour's configuration in place as the drop-in of network name, takes any
+// entry out of the primary's conflist (first: never both at once) and any other drop-in of
+// detour's away, and makes the runtime reload when the drop-ins changed. It returns the
+// drop-in's path.
+func (a *Agent) ensureDropIn(primary, file string, data []byte, name string) (string, error) {
+	if err := a.removeEntry(primary, file, data); err != nil {
+		return "", err
+	}
+	path := filepath.Join(a.cfg.ConfDir, name, DropInName)
+	content, err := formatDropIn(a.cfg.Entry)
+	if err != nil {
+		return path, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return path, fmt.Errorf("create the drop-in directory of network %q: %w", name, err)
+	}
+	wrote, err := writeFileAtomic(path, content, 0o644)
+	if err != nil {
+		return path, fmt.Errorf("write detour's drop-in: %w", err)
+	}
+	removed, err := a.removeDropIns(path)
+	if err != nil {
+		return path, err
+	}
+	if wrote && !removed {
+		// removeDropIns made the runtime reload already when it removed one.
+		if err := pokeRuntime(a.cfg.ConfDir); err != nil {
+			return path, err
+		}
+	}
+	if wrote {
+		a.log.Info("wrote detour's drop-in and made the runtime reload", "file", path)
+	}
+	return path, nil
+}
+
+// removeDropIns removes every drop-in of detour's in the conf dir's subdirectories but keep,
+// and the directories it leaves empty; then it makes the runtime reload. It reports whether it
+// removed one.
+func (a *Agent) removeDropIns(keep string) (bool, error) {
+	files, err := dropInFiles(a.cfg.ConfDir)
+	if err != nil {
+		return false, err
+	}
+	removed := false
+	var errs []error
+	for _, f := range files {
+		if f == keep {
+			continue
+		}
+		if _, err := removeFile(f); err != nil {
+			errs = append(errs, fmt.Errorf("remove detour's drop-in: %w", err))
+			continue
+		}
+		removed = true
+		a.log.Info("removed detour's drop-in", "file", f)
+		if err := os.Remove(filepath.Dir(f)); err == nil {
+			_ = syncDir(a.cfg.ConfDir)
+		}
+	}
+	if removed {
+		if err := pokeRuntime(a.cfg.ConfDir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return removed, errors.Join(errs...)
 }
 
 // editable returns the file to edit for the configuration at path: path itself or, when it is
@@ -797,7 +948,7 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		errs = append(errs, err)
 		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
 	} else {
-		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath} {
+		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath, filepath.Join(a.cfg.ConfDir, ModeFileName)} {
 			if removed, err := removeFile(f); err != nil {
 				errs = append(errs, err)
 			} else if removed {
@@ -825,6 +976,9 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 // then checks that none is left; it returns every failure.
 func (a *Agent) removeAllEntries() error {
 	var errs []error
+	if _, err := a.removeDropIns(""); err != nil {
+		errs = append(errs, err)
+	}
 	files, err := libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
 	if err != nil {
 		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
@@ -871,6 +1025,11 @@ func (a *Agent) removeAllEntries() error {
 		} else if hasEntry(data) {
 			errs = append(errs, fmt.Errorf("%s holds detour's entry again", f))
 		}
+	}
+	if again, err := dropInFiles(a.cfg.ConfDir); err != nil {
+		errs = append(errs, err)
+	} else if len(again) > 0 {
+		errs = append(errs, fmt.Errorf("detour's drop-in is there again: %s", strings.Join(again, ", ")))
 	}
 	return errors.Join(errs...)
 }

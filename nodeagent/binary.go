@@ -8,8 +8,11 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // fileID identifies a file's content cheaply: if none of these changed, neither did the file.
@@ -64,6 +67,9 @@ func (b *binaryInstaller) ensure() (bool, error) {
 			return false, nil
 		}
 	}
+	if err := checkWritable(filepath.Dir(b.dest)); err != nil {
+		return false, err
+	}
 	in, err := os.Open(b.source)
 	if err != nil {
 		return false, fmt.Errorf("open the plugin binary: %w", err)
@@ -73,6 +79,9 @@ func (b *binaryInstaller) ensure() (bool, error) {
 		_, err := io.Copy(w, in)
 		return err
 	}); err != nil {
+		if errors.Is(err, syscall.EROFS) {
+			return false, readOnlyBinDir(filepath.Dir(b.dest))
+		}
 		return false, fmt.Errorf("install %s: %w", PluginType, err)
 	}
 	if dst, err = statID(b.dest); err == nil {
@@ -104,4 +113,22 @@ func hashFile(path string) ([]byte, error) {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
 	return h.Sum(nil), nil
+}
+
+// checkWritable refuses a CNI bin dir on a read-only filesystem (GKE's COS, Talos, Flatcar and
+// Bottlerocket mount /opt read-only): the plugin cannot be installed there, and the runtime
+// must be pointed at another directory.
+func checkWritable(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("inspect the CNI bin dir %s: %w", dir, err)
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		return readOnlyBinDir(dir)
+	}
+	return nil
+}
+
+func readOnlyBinDir(dir string) error {
+	return &refusedError{fmt.Sprintf("the CNI bin dir %s is on a read-only filesystem, so %s cannot be installed: set the chart value nodeAgent.cniBinDir (--cni-bin-dir) to the writable directory the node's runtime searches for CNI plugins, such as /home/kubernetes/bin on GKE (docs/operations.md, \"Platform presets\")", dir, PluginType)}
 }

@@ -78,6 +78,10 @@ type Flags struct {
 	NodeName     string
 	StartupTaint string
 	Resync       time.Duration
+
+	// CNIConfigMode is how the plugin's configuration reaches the runtime: "auto", "drop-in"
+	// or "chained-entry" (see [Mode]).
+	CNIConfigMode string
 }
 
 // DefaultFlags returns the defaults, with NodeName from $NODE_NAME.
@@ -98,6 +102,7 @@ func DefaultFlags() Flags {
 		NodeName:          os.Getenv("NODE_NAME"),
 		StartupTaint:      annotations.CNINotReadyTaint,
 		Resync:            DefaultResync,
+		CNIConfigMode:     string(ModeAuto),
 	}
 }
 
@@ -121,6 +126,8 @@ type Config struct {
 	NodeName     string
 	StartupTaint string
 	Resync       time.Duration
+	// Mode is the --cni-config-mode setting; the agent decides ModeAuto on the node.
+	Mode Mode
 }
 
 // entry is detour's conflist entry; the plugin (cniplugin.ParseConfig) reads these keys.
@@ -164,6 +171,11 @@ func (f Flags) Parse() (Config, error) {
 	for _, n := range []struct{ flag, value string }{{"--kubeconfig-name", f.KubeconfigName}, {"--token-name", f.TokenName}} {
 		if n.value == "" || n.value != filepath.Base(n.value) || strings.HasPrefix(n.value, ".") || isConfigFile(n.value) {
 			return c, flagError(n.flag, n.value, "must be a plain file name, not hidden and without a .conf, .conflist or .json extension (the runtime would load it as a network)")
+		}
+	}
+	for _, n := range []struct{ flag, value string }{{"--kubeconfig-name", f.KubeconfigName}, {"--token-name", f.TokenName}} {
+		if n.value == ModeFileName {
+			return c, flagError(n.flag, n.value, "must differ from "+ModeFileName+", where the agent records its mode")
 		}
 	}
 	if f.KubeconfigName == f.TokenName {
@@ -246,6 +258,9 @@ func (f Flags) Parse() (Config, error) {
 	}
 	if errs := validation.IsQualifiedName(f.StartupTaint); len(errs) > 0 {
 		return c, flagError("--startup-taint", f.StartupTaint, "must be a taint key such as "+annotations.CNINotReadyTaint+": "+strings.Join(errs, "; "))
+	}
+	if c.Mode, err = ParseMode(f.CNIConfigMode); err != nil {
+		return c, err
 	}
 	if f.Resync < time.Second || f.Resync > time.Hour {
 		return c, flagError("--resync-interval", f.Resync.String(), "must be from 1s to 1h0m0s, such as 10s")

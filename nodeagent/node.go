@@ -127,3 +127,12 @@ func (n *nodeReadiness) patch(ctx context.Context, patch map[string]any) error {
 	}
 	return nil
 }
+
+// runtime returns the node's status.nodeInfo.containerRuntimeVersion ("containerd://2.4.2").
+func (n *nodeReadiness) runtime(ctx context.Context) (string, error) {
+	node, err := n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("get node %s: %w", n.name, err)
+	}
+	return node.Status.NodeInfo.ContainerRuntimeVersion, nil
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 
 	"github.com/containernetworking/cni/libcni"
@@ -137,15 +138,21 @@ func (c *checker) cniConfig(dir string) {
 		c.fail("CNI configuration in %s: none found; the primary CNI has not written its configuration yet, and the node agent waits for it", dir)
 		return
 	}
+	if files, fixes, err := nodeagent.RenamedAway(dir); err != nil {
+		c.fail("CNI configuration in %s: %v", dir, err)
+	} else if len(files) > 0 {
+		c.fail("the primary CNI renamed detour's configuration away (%s), and the node agent keeps the node unlabelled: %s; then delete the renamed file", strings.Join(files, ", "), fixes[0])
+	}
 	data, err := os.ReadFile(primary)
 	if err != nil {
 		c.fail("read %s: %v", primary, err)
 		return
 	}
-	if list, err := loadConfList(primary, data); err != nil {
+	netList, err := loadConfList(primary, data)
+	if err != nil {
 		c.fail("%s cannot be loaded as a CNI configuration: %v", primary, err)
 		return
-	} else if err := nodeagent.CheckCNIVersion(list); err != nil {
+	} else if err := nodeagent.CheckCNIVersion(netList); err != nil {
 		c.fail("%s: %v (the node agent refuses to chain into it and removes detour's entry)", filepath.Base(primary), err)
 		return
 	}
@@ -153,16 +160,13 @@ func (c *checker) cniConfig(dir string) {
 		Plugins []json.RawMessage `json:"plugins"`
 	}
 	if err := json.Unmarshal(data, &list); err != nil || len(list.Plugins) == 0 {
-		c.fail("%s is not a conflist with plugins (%v); the node agent converts a .conf when it installs detour", primary, err)
+		c.fail("%s is not a conflist with plugins; the node agent converts a .conf when it installs detour", primary)
 		return
 	}
 	// detour's entry must come after the primary plugin; another chained plugin may follow it.
 	var conf *cniplugin.Config
 	for i, raw := range list.Plugins {
-		var p struct {
-			Type string `json:"type"`
-		}
-		if json.Unmarshal(raw, &p) != nil || p.Type != cniplugin.PluginType {
+		if pluginType(raw) != cniplugin.PluginType {
 			continue
 		}
 		if i == 0 {
@@ -174,11 +178,37 @@ func (c *checker) cniConfig(dir string) {
 			return
 		}
 	}
-	if conf == nil {
-		c.fail("%s (the configuration the runtime uses) has no %s entry: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, cniplugin.PluginType)
+	dropIn, dropInConf, ok := c.dropIn(dir, netList)
+	if !ok {
 		return
 	}
-	c.ok("%s (the configuration the runtime uses) chains %s after the primary plugin", filepath.Base(primary), cniplugin.PluginType)
+	switch {
+	case conf != nil && dropIn != "":
+		c.fail("%s holds a %s entry and %s is detour's drop-in as well: the runtime runs the plugin twice; the node agent keeps one of them (cniConfigMode), so restart it or remove one", primary, cniplugin.PluginType, dropIn)
+		return
+	case dropIn != "":
+		why := "the primary rewriting its conflist leaves it alone"
+		if mode, reason := nodeagent.ReadModeFile(dir); mode == nodeagent.ModeDropIn {
+			why = reason
+		}
+		c.ok("%s (the configuration the runtime uses) loads %s from the drop-in %s after its plugins (mode drop-in: %s)", filepath.Base(primary), cniplugin.PluginType, dropIn, why)
+		conf = dropInConf
+	case conf == nil:
+		c.fail("%s (the configuration the runtime uses) has no %s entry and no drop-in in %s: the node agent is not running on this node, or the primary CNI rewrote the file since (the agent puts the entry back within its resync interval)", primary, cniplugin.PluginType, filepath.Join(dir, netList.Name))
+		return
+	default:
+		why := "cniConfigMode chained-entry, or auto on a runtime that loads no drop-ins (the node agent's log says which)"
+		if mode, reason := nodeagent.ReadModeFile(dir); mode == nodeagent.ModeChainedEntry {
+			why = reason
+		}
+		switch {
+		case filepath.Ext(primary) != ".conflist":
+			why = "a single-plugin .conf gets no drop-ins"
+		case netList.LoadOnlyInlinedPlugins:
+			why = `the conflist sets "loadOnlyInlinedPlugins": true, so the runtime ignores drop-ins`
+		}
+		c.ok("%s (the configuration the runtime uses) chains %s after the primary plugin (mode chained-entry: %s)", filepath.Base(primary), cniplugin.PluginType, why)
+	}
 	if conf.Kubeconfig != "" {
 		if _, err := os.Stat(conf.Kubeconfig); err != nil {
 			c.fail("the plugin's kubeconfig: %v; the node agent writes it", err)
@@ -186,6 +216,59 @@ func (c *checker) cniConfig(dir string) {
 			c.ok("the plugin's kubeconfig %s is there", conf.Kubeconfig)
 		}
 	}
+}
+
+// dropIn finds detour's drop-in for the network in <dir>/<network name>/: the file, its parsed
+// configuration, and false when it reported a failure (a drop-in the runtime ignores or runs
+// before another one, or one the plugin cannot parse).
+func (c *checker) dropIn(dir string, list *libcni.NetworkConfigList) (string, *cniplugin.Config, bool) {
+	sub := filepath.Join(dir, list.Name)
+	files, err := libcni.ConfFiles(sub, []string{".conf"})
+	if err != nil {
+		c.fail("list the drop-ins in %s: %v", sub, err)
+		return "", nil, false
+	}
+	sort.Strings(files)
+	found := ""
+	var conf *cniplugin.Config
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			c.fail("read %s: %v", f, err)
+			return "", nil, false
+		}
+		if pluginType(data) != cniplugin.PluginType {
+			if found != "" {
+				c.fail("%s runs after detour's drop-in %s: rename it to sort before %s", f, found, nodeagent.DropInName)
+				return "", nil, false
+			}
+			continue
+		}
+		if found != "" {
+			c.fail("%s and %s are both detour drop-ins: the runtime runs the plugin twice", found, f)
+			return "", nil, false
+		}
+		if conf, err = cniplugin.ParseConfig(data); err != nil {
+			c.fail("%s: %s's configuration: %v", f, cniplugin.PluginType, err)
+			return "", nil, false
+		}
+		found = f
+	}
+	if found != "" && list.LoadOnlyInlinedPlugins {
+		c.fail(`%s is detour's drop-in, but the conflist sets "loadOnlyInlinedPlugins": true, so the runtime ignores it; the node agent moves detour into the conflist`, found)
+		return "", nil, false
+	}
+	return found, conf, true
+}
+
+func pluginType(raw []byte) string {
+	var p struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(raw, &p) != nil {
+		return ""
+	}
+	return p.Type
 }
 
 // loadConfList parses a configuration file as the runtime does.

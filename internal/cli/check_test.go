@@ -36,9 +36,42 @@ func TestCheckCNIConfig(t *testing.T) {
 		{"installed", map[string]string{
 			"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"KUBECONFIG"}]}`,
 			"99-other.conflist":  `{"cniVersion":"1.1.0","name":"other","plugins":[{"type":"bridge"}]}`},
-			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin\n✓ the plugin's kubeconfig"},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin (mode chained-entry: cniConfigMode chained-entry, or auto on a runtime that loads no drop-ins (the node agent's log says which))\n✓ the plugin's kubeconfig"},
 		{"bad entry", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","apiTimeout":"forever"}]}`},
 			`apiTimeout "forever" is not valid`},
+		{"drop-in", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`,
+			"k8s/10-tuning.conf":     `{"type":"tuning"}`,
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni","kubeconfig":"KUBECONFIG"}`},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) loads detour-cni from the drop-in DIR/k8s/zz-detour-cni.conf after its plugins (mode drop-in"},
+		{"drop-in, with the agent's reason", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`,
+			"detour-cni.mode":        "drop-in\ncniConfigMode is auto and containerd 2.4.2 loads drop-ins (2.1.0 or later)\n",
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) loads detour-cni from the drop-in DIR/k8s/zz-detour-cni.conf after its plugins (mode drop-in: cniConfigMode is auto and containerd 2.4.2 loads drop-ins (2.1.0 or later))"},
+		{"in-file entry, with the agent's reason", map[string]string{
+			"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni"}]}`,
+			"detour-cni.mode":    "chained-entry\ncniConfigMode is auto and containerd 1.7.27 loads no drop-ins (it needs 2.1.0 or later)\n"},
+			"✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin (mode chained-entry: cniConfigMode is auto and containerd 1.7.27 loads no drop-ins (it needs 2.1.0 or later))"},
+		{"in-file entry with loadOnlyInlinedPlugins", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"},{"type":"detour-cni"}]}`},
+			`✓ 10-bridge.conflist (the configuration the runtime uses) chains detour-cni after the primary plugin (mode chained-entry: the conflist sets "loadOnlyInlinedPlugins": true`},
+		{"drop-in and entry", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni"}]}`,
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`},
+			"✗ DIR/10-bridge.conflist holds a detour-cni entry and DIR/k8s/zz-detour-cni.conf is detour's drop-in as well: the runtime runs the plugin twice"},
+		{"drop-in ignored", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","loadOnlyInlinedPlugins":true,"plugins":[{"type":"bridge"}]}`,
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`},
+			`so the runtime ignores it`},
+		{"drop-in before another", map[string]string{
+			"10-bridge.conflist":     `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"}]}`,
+			"k8s/zz-detour-cni.conf": `{"type":"detour-cni"}`,
+			"k8s/zzz-late.conf":      `{"type":"late"}`},
+			`✗ DIR/k8s/zzz-late.conf runs after detour's drop-in`},
+		{"exclusive primary", map[string]string{
+			"05-cilium.conf":                `{"cniVersion":"0.3.1","name":"cilium","type":"cilium-cni"}`,
+			"05-cilium.conflist.cilium_bak": `{"cniVersion":"0.3.1","name":"cilium","plugins":[{"type":"cilium-cni"},{"type":"detour-cni"}]}`},
+			"✗ the primary CNI renamed detour's configuration away (DIR/05-cilium.conflist.cilium_bak), and the node agent keeps the node unlabelled: Cilium claims the CNI config directory (its Helm value cni.exclusive, true by default): set cni.exclusive=false"},
 		{"kubeconfig missing", map[string]string{"10-bridge.conflist": `{"cniVersion":"1.1.0","name":"k8s","plugins":[{"type":"bridge"},{"type":"detour-cni","kubeconfig":"/nonexistent/kubeconfig"}]}`},
 			"✗ the plugin's kubeconfig"},
 	} {
@@ -47,11 +80,13 @@ func TestCheckCNIConfig(t *testing.T) {
 			kubeconfig := filepath.Join(dir, "detour-cni.kubeconfig")
 			os.WriteFile(kubeconfig, []byte("apiVersion: v1\n"), 0o600)
 			for name, content := range tc.files {
+				os.MkdirAll(filepath.Dir(filepath.Join(dir, name)), 0o755)
 				os.WriteFile(filepath.Join(dir, name), []byte(strings.ReplaceAll(content, "KUBECONFIG", kubeconfig)), 0o644)
 			}
 			var out bytes.Buffer
 			c := &checker{out: &out}
 			c.cniConfig(dir)
+			tc.want = strings.ReplaceAll(tc.want, "DIR", dir)
 			if !strings.Contains(out.String(), tc.want) || strings.Contains(out.String(), "<nil>") {
 				t.Errorf("check printed\n%s\nwant it to contain %q", out.String(), tc.want)
 			}

@@ -120,12 +120,13 @@ docs/node-agent.md.`,
 	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `the plugin's IPv6 rules: "auto" (when the pod has an IPv6 address) or "always" (ipv6, written only for "always")`)
 	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name (default $NODE_NAME)")
 	fl.StringVar(&f.StartupTaint, "startup-taint", f.StartupTaint, "key of the startup taint removed once the config is in place (any effect)")
+	fl.StringVar(&f.CNIConfigMode, "cni-config-mode", f.CNIConfigMode, `how the plugin's configuration reaches the runtime: "drop-in" (<conf dir>/<network>/`+nodeagent.DropInName+`, which survives the primary rewriting its conflist; runtimes that load drop-ins: containerd >= 2.1, CRI-O >= 1.33), "chained-entry" (an entry in the primary's conflist, put back after each rewrite) or "auto" (drop-in when the node's runtime loads them)`)
 	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")
 	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
 	fl.StringVar(&podName, "pod-name", podName, "the agent's own pod (default $POD_NAME, downward API metadata.name): at SIGTERM it uninstalls when the DaemonSet running that pod is being deleted; empty: never")
 	fl.StringVar(&podNS, "pod-namespace", podNS, "the namespace of --pod-name (default $POD_NAMESPACE)")
-	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's entry, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
+	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's drop-in and conflist entries, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
 	fl.BoolVar(&hold, "hold", false, "with --uninstall: after removing everything, keep running and report ready on /readyz until SIGTERM (the chart's uninstall mode)")
 	return cmd
 }

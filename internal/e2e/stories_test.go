@@ -45,6 +45,7 @@ func TestE2E(t *testing.T) {
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"node/agent-follows-the-node", agentFollowsTheNode},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
+		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 	}
@@ -393,11 +394,15 @@ func wantCheck(t testing.TB, r clustercheck.Report, name string, status clusterc
 	}
 }
 
-// seed000Repair: with the agent gone and detour's entry removed behind its back, a new pod
-// starts without rules and its validator fails; once the agent is back, repair deletes the
+// seed000Repair: with the agent gone and detour's configuration (drop-in or in-file entry)
+// removed behind its back, a new pod starts without rules and its validator fails; once the agent is back, repair deletes the
 // pod, its ReplicaSet recreates it and it runs. A bare pod is annotated, never deleted.
 func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	e.setAgent(t, ctx, false)
+	// Both forms go: the drop-in first, then the conflist's rewrite makes containerd reload.
+	if err := os.RemoveAll(filepath.Dir(e.dropInPath())); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
@@ -454,8 +459,8 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	})
 }
 
-// uninstallHelm: `helm uninstall` leaves no detour entry in the node's conflist, running
-// pods keep working, new pods start uninjected.
+// uninstallHelm: `helm uninstall` leaves no detour configuration on the node (no drop-in, no
+// entry in the conflist), running pods keep working, new pods start uninjected.
 func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	web, err := e.pods(ctx, "shop", "app=web")
 	if err != nil || len(web) == 0 {
@@ -464,10 +469,7 @@ func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	if out, err := e.node.Helm(ctx, "uninstall", "detour", "--namespace", detourNamespace, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
 	}
-	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
-		data, err := os.ReadFile(e.node.PrimaryConfigPath())
-		return err == nil && !strings.Contains(string(data), "detour-cni"), err
-	})
+	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 	e.assertCaptured(t, ctx, web[0], "web")
 	report, failed := e.checkCluster(t, ctx)
 	if !failed {
@@ -530,10 +532,7 @@ func installManifest(t *testing.T, ctx context.Context, e *env) {
 	if stdout, stderr, err := e.node.Kubectl(ctx, "delete", "-f", path, "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("kubectl delete -f install.yaml: %v\n%s%s", err, stdout, stderr)
 	}
-	waitFor(t, ctx, "detour's entry to leave the conflist", time.Minute, func() (bool, error) {
-		data, err := os.ReadFile(e.node.PrimaryConfigPath())
-		return err == nil && !strings.Contains(string(data), "detour-cni"), err
-	})
+	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 }
 
 // pod is an opted-in test pod: an init container that dials the test server (it must reach

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/detourmesh/detour/nodeagent"
+)
+
+// dropInPath is detour's drop-in for the primary's network.
+func (e *env) dropInPath() string {
+	return filepath.Join(e.node.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
+}
+
+// detourConfigs lists the files that hold detour's configuration, in either form: a
+// configuration file in the conf dir naming detour-cni, or a *.conf drop-in in one of its
+// subdirectories naming it.
+func (e *env) detourConfigs() ([]string, error) {
+	var found []string
+	for _, pattern := range []string{"*.conf", "*.conflist", "*.json", "*/*.conf"} {
+		matches, err := filepath.Glob(filepath.Join(e.node.CNIConfDir, pattern))
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range matches {
+			data, err := os.ReadFile(m)
+			if err != nil {
+				return nil, err
+			}
+			if strings.Contains(string(data), "detour-cni") {
+				found = append(found, m)
+			}
+		}
+	}
+	return found, nil
+}
+
+// waitDetourConfigs waits until exactly the files want hold detour's configuration.
+func (e *env) waitDetourConfigs(t testing.TB, ctx context.Context, what string, want ...string) {
+	t.Helper()
+	var got []string
+	waitFor(t, ctx, what, time.Minute, func() (bool, error) {
+		var err error
+		got, err = e.detourConfigs()
+		return err == nil && strings.Join(got, " ") == strings.Join(want, " "), err
+	})
+}
+
+// agentLog is the node agent's log.
+func (e *env) agentLog(t testing.TB, ctx context.Context) string {
+	t.Helper()
+	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-agent"})
+	if err != nil || len(pods.Items) != 1 {
+		t.Fatalf("find the node agent's pod: %v (%d pods)", err, len(pods.Items))
+	}
+	return e.logs(ctx, detourNamespace, pods.Items[0].Name, "install-cni")
+}
+
+// dropInSurvivesRewrites: on containerd 2.4 the agent's auto mode installs detour as the
+// drop-in <conf dir>/e2e/zz-detour-cni.conf and leaves the primary's conflist alone. The
+// primary rewrites its conflist with the agent away, and a new injected pod still gets its
+// redirect. Then the churn: injected pods created in waves while the conflist is rewritten 50
+// times (atomic rename and in-place write, content changed and unchanged), once with the
+// drop-in and once with the in-file entry (a helm upgrade to cniConfigMode chained-entry and
+// back, each leaving exactly one detour configuration on the node).
+func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *env) {
+	e.waitDetourConfigs(t, ctx, "auto to put detour's drop-in in place, and nothing in the conflist", e.dropInPath())
+	if log := e.agentLog(t, ctx); !strings.Contains(log, "mode=drop-in") || !strings.Contains(log, "containerd") || !strings.Contains(log, "loads drop-ins") {
+		t.Errorf("the agent's log does not say it chose drop-in because containerd loads drop-ins:\n%s", tail(log, 20))
+	}
+
+	e.setAgent(t, ctx, false)
+	if err := e.node.WritePrimaryConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if data := readFile(e.node.PrimaryConfigPath()); strings.Contains(data, "detour-cni") {
+		t.Fatalf("the rewritten conflist holds detour-cni:\n%s", data)
+	}
+	e.namespace(t, ctx, "dropin", true)
+	if _, err := e.node.Client.CoreV1().Pods("dropin").Create(ctx, e.pod("rewritten", "dropin"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "dropin", "name=rewritten", 1)[0]
+	if code := initExit(&p, "detour-validator"); code != 0 {
+		t.Errorf("pod rewritten: the validator exited %d, want 0", code)
+	}
+	e.assertCaptured(t, ctx, p, "rewritten")
+	e.setAgent(t, ctx, true)
+
+	dropIn := e.churn(t, ctx, "churn-dropin")
+	if dropIn.failed != 0 {
+		t.Errorf("with the drop-in, %d of %d pods started without rules during %d rewrites of the conflist", dropIn.failed, dropIn.pods, dropIn.rewrites)
+	}
+
+	e.installDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	e.waitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.node.PrimaryConfigPath())
+	inFile := e.churn(t, ctx, "churn-entry")
+
+	e.installDetour(t, ctx, "")
+	e.waitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.dropInPath())
+	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist)",
+		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites)
+}
+
+type churnResult struct{ pods, failed, rewrites int }
+
+// churn creates injected pods in waves of 4 in ns while the primary's conflist is rewritten 50
+// times, 300ms apart, and counts the pods whose validator found no rules (exit 42).
+func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
+	t.Helper()
+	e.namespace(t, ctx, ns, true)
+	// The primary's own content, without detour's entry, as the primary writes it.
+	if err := e.node.WritePrimaryConfig(); err != nil {
+		t.Fatal(err)
+	}
+	base := readFile(e.node.PrimaryConfigPath())
+	changed := strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)
+	path := e.node.PrimaryConfigPath()
+
+	var res churnResult
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		for i := range 50 {
+			content := base
+			if i%2 == 1 {
+				content = changed
+			}
+			var err error
+			if i%4 < 2 {
+				err = writeFileAtomic(path, []byte(content))
+			} else {
+				err = os.WriteFile(path, []byte(content), 0o644) // in place: truncate, write
+			}
+			if err != nil {
+				t.Errorf("rewrite %d: %v", i, err)
+				return
+			}
+			res.rewrites++
+			time.Sleep(300 * time.Millisecond)
+		}
+	}()
+	pods := e.node.Client.CoreV1().Pods(ns)
+	for wave := 0; ; wave++ {
+		select {
+		case <-done:
+		default:
+			var names []string
+			for i := range 4 {
+				name := fmt.Sprintf("w%d-%d", wave, i)
+				if _, err := pods.Create(ctx, e.pod(name, ns), metav1.CreateOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				names = append(names, name)
+			}
+			for _, name := range names {
+				var p *corev1.Pod
+				waitFor(t, ctx, "pod "+ns+"/"+name+"'s validator to finish", 2*time.Minute, func() (bool, error) {
+					var err error
+					p, err = pods.Get(ctx, name, metav1.GetOptions{})
+					return err == nil && initExit(p, "detour-validator") >= 0, err
+				})
+				res.pods++
+				if initExit(p, "detour-validator") != 0 {
+					res.failed++
+				}
+				if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+					t.Error(err)
+				}
+			}
+			continue
+		}
+		break
+	}
+	wg.Wait()
+	return res
+}

@@ -319,7 +319,7 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		return s, fmt.Errorf("read the primary CNI configuration: %w", err)
 	}
 	// A file the runtime cannot load either is not touched: the primary may be writing it.
-	list, err := loadNetwork(primary, data)
+	list, err := LoadNetwork(primary, data)
 	if err != nil {
 		s.Reason = fmt.Sprintf("waiting for %s to become a valid CNI configuration (%v)", primary, err)
 		return s, nil
@@ -396,8 +396,9 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	return s, nil
 }
 
-// loadNetwork parses a configuration file the way the runtime does.
-func loadNetwork(path string, data []byte) (*libcni.NetworkConfigList, error) {
+// LoadNetwork parses a configuration file (.conflist, or a .conf as a one-plugin list) the
+// way the runtime does.
+func LoadNetwork(path string, data []byte) (*libcni.NetworkConfigList, error) {
 	if filepath.Ext(path) == ".conflist" {
 		return libcni.ConfListFromBytes(data)
 	}
@@ -705,7 +706,7 @@ func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 			f.Close()
 			return holder, changed
 		}
-		if _, lerr := loadNetwork(primary, expect); lerr == nil && !hasEntry(expect) {
+		if _, lerr := LoadNetwork(primary, expect); lerr == nil && !hasEntry(expect) {
 			data = expect
 		}
 	}
@@ -774,7 +775,7 @@ func writtenMeanwhile(f *os.File, path string, data []byte) ([]byte, error) {
 		if bytes.Equal(now, data) {
 			return nil, nil
 		}
-		if _, err := loadNetwork(path, now); err == nil {
+		if _, err := LoadNetwork(path, now); err == nil {
 			return now, nil
 		}
 		if time.Now().After(deadline) {

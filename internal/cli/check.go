@@ -148,7 +148,7 @@ func (c *checker) cniConfig(dir string) {
 		c.fail("read %s: %v", primary, err)
 		return
 	}
-	netList, err := loadConfList(primary, data)
+	netList, err := nodeagent.LoadNetwork(primary, data)
 	if err != nil {
 		c.fail("%s cannot be loaded as a CNI configuration: %v", primary, err)
 		return
@@ -269,18 +269,6 @@ func pluginType(raw []byte) string {
 		return ""
 	}
 	return p.Type
-}
-
-// loadConfList parses a configuration file as the runtime does.
-func loadConfList(path string, data []byte) (*libcni.NetworkConfigList, error) {
-	if filepath.Ext(path) == ".conflist" {
-		return libcni.ConfListFromBytes(data)
-	}
-	conf, err := libcni.ConfFromBytes(data)
-	if err != nil {
-		return nil, err
-	}
-	return libcni.ConfListFromConf(conf)
 }
 
 // podRules compares the live rules in netns with the ones the pod's annotations call for.

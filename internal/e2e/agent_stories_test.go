@@ -84,7 +84,8 @@ func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
 			t.Fatal(err)
 		}
 		waitFor(t, ctx, "the restarted agent to put detour's configuration back with the API server down", 90*time.Second, func() (bool, error) {
-			return e.detourConfigured(), nil
+			found, err := e.detourConfigs()
+			return len(found) > 0, err
 		})
 	})
 }
@@ -114,21 +115,6 @@ func (e *env) waitLabelled(t testing.TB, ctx context.Context) {
 		}
 		return node.Labels[annotations.CNIReadyLabel] == "true", nil
 	})
-}
-
-// detourConfigured reports whether the runtime's CNI configuration includes detour-cni: an
-// entry in the primary conflist, or a drop-in beside it.
-func (e *env) detourConfigured() bool {
-	if strings.Contains(readFile(e.node.PrimaryConfigPath()), `"detour-cni"`) {
-		return true
-	}
-	dropIns, _ := filepath.Glob(filepath.Join(e.node.CNIConfDir, "*", "*.conf"))
-	for _, f := range dropIns {
-		if strings.Contains(readFile(f), `"detour-cni"`) {
-			return true
-		}
-	}
-	return false
 }
 
 // agentPID finds the node agent's install-cni process among the node's processes (those in

@@ -1,6 +1,7 @@
 package cniplugin_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -138,14 +139,29 @@ func printChainTable(conc int, scenarios []scenario, stats []chainStats) {
 // BenchmarkStart measures starting detour-cni with CNI_COMMAND=VERSION, the part of every
 // command's latency that is process start and initialisation; it reports the median in ms.
 func BenchmarkStart(b *testing.B) {
+	benchCommand(b, []string{"CNI_COMMAND=VERSION"}, nil)
+}
+
+// BenchmarkStatus measures one STATUS as the runtime runs it (containerd 2.x does about every
+// 5 s): a process started with the network's configuration on stdin. It reports the median in
+// ms; the figure and what STATUS checks are in docs/cni-plugin.md.
+func BenchmarkStatus(b *testing.B) {
+	benchCommand(b, []string{"CNI_COMMAND=STATUS", "CNI_PATH=/opt/cni/bin", "PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+		[]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"}`))
+}
+
+// benchCommand runs detour-cni once per iteration with env and stdin, and reports the median
+// wall time in ms.
+func benchCommand(b *testing.B, env []string, stdin []byte) {
 	bin := testenv.DetourCNI(b)
 	var took []time.Duration
 	for b.Loop() {
 		cmd := exec.Command(bin)
-		cmd.Env = []string{"CNI_COMMAND=VERSION"}
+		cmd.Env = env
+		cmd.Stdin = bytes.NewReader(stdin)
 		start := time.Now()
 		if out, err := cmd.CombinedOutput(); err != nil {
-			b.Fatalf("%s: %v\n%s", bin, err, out)
+			b.Fatalf("%s %v: %v\n%s", bin, env, err, out)
 		}
 		took = append(took, time.Since(start))
 	}

@@ -50,10 +50,8 @@ func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
 			if err != nil {
 				return false, err
 			}
-			for _, taint := range node.Spec.Taints {
-				if taint.Key == StartupTaint {
-					return false, fmt.Errorf("the agent put the startup taint back: %v", node.Spec.Taints)
-				}
+			if hasStartupTaint(node) {
+				return false, fmt.Errorf("the agent put the startup taint back: %v", node.Spec.Taints)
 			}
 			return node.Labels[annotations.CNIReadyLabel] == "", nil
 		})

@@ -50,11 +50,7 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var tainted bool
-	for _, taint := range node.Spec.Taints {
-		tainted = tainted || taint.Key == StartupTaint
-	}
-	if !tainted {
+	if !hasStartupTaint(node) {
 		t.Errorf("node %s has taints %v, want %s", NodeName, node.Spec.Taints, StartupTaint)
 	}
 	if got := node.Status.Addresses; len(got) == 0 || got[0].Address != nodeIP.String() {

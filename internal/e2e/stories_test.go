@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -96,12 +97,7 @@ func seed000Startup(t *testing.T, ctx context.Context, e *env) {
 		if err != nil {
 			return false, err
 		}
-		for _, taint := range node.Spec.Taints {
-			if taint.Key == StartupTaint {
-				return false, nil
-			}
-		}
-		return node.Labels["detour.dev/cni-ready"] == "true", nil
+		return !hasStartupTaint(node) && node.Labels[annotations.CNIReadyLabel] == "true", nil
 	})
 	pods := e.waitReady(t, ctx, "shop", "app=web", 2)
 	for _, p := range pods {
@@ -604,6 +600,11 @@ func (e *env) waitReady(t testing.TB, ctx context.Context, ns, selector string, 
 		t.Fatalf("waiting for %d ready pods %q in %s: %v\n%s", n, selector, ns, err, e.describe(ctx, ns))
 	}
 	return ready
+}
+
+// hasStartupTaint reports whether node carries detour's startup taint.
+func hasStartupTaint(node *corev1.Node) bool {
+	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == StartupTaint })
 }
 
 // unschedulableForTaint reports whether the scheduler marked p unschedulable for a taint

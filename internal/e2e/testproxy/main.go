@@ -6,21 +6,6 @@
 //	testproxy -outbound :4140 -inbound :4143 -admin :4191
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+import "github.com/detourmesh/detour/internal/e2e/testprog"
 
-	"github.com/detourmesh/detour/internal/e2e/testprog"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := testprog.RunProxy(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "testproxy:", err)
-		os.Exit(1)
-	}
-}
+func main() { testprog.Main("testproxy", testprog.RunProxy) }

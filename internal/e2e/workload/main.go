@@ -7,21 +7,6 @@
 // fails (or the command line is wrong).
 package main
 
-import (
-	"context"
-	"fmt"
-	"os"
-	"os/signal"
-	"syscall"
+import "github.com/detourmesh/detour/internal/e2e/testprog"
 
-	"github.com/detourmesh/detour/internal/e2e/testprog"
-)
-
-func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	if err := testprog.Workload(ctx, os.Args[1:], os.Stdout); err != nil {
-		fmt.Fprintln(os.Stderr, "workload:", err)
-		os.Exit(1)
-	}
-}
+func main() { testprog.Main("workload", testprog.Workload) }

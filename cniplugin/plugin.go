@@ -137,6 +137,33 @@ func (p *Plugin) end(c *call, err error) error {
 	if c.conf != nil {
 		level = c.conf.LogLevel
 	}
+	// The runtime asks for STATUS every few seconds: an outcome already logged goes to debug.
+	quiet := c.cmd == "STATUS" && !p.statusChanged(c, err)
+	lineLevel := slog.LevelInfo
+	switch {
+	case quiet:
+		lineLevel = slog.LevelDebug
+	case err != nil:
+		lineLevel = slog.LevelError
+	case c.warning != "":
+		lineLevel = slog.LevelWarn
+	}
+	// Below the configured level nothing is written, and the log file is not even opened.
+	if lineLevel >= level {
+		p.logLine(c, err, level, lineLevel)
+	}
+	if err != nil {
+		var cniErr *types.Error
+		if errors.As(err, &cniErr) {
+			return cniErr
+		}
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	return nil
+}
+
+// logLine writes the command's one log line at lineLevel.
+func (p *Plugin) logLine(c *call, err error, level, lineLevel slog.Level) {
 	logger, closeLog := p.logger(c.conf, level)
 	defer closeLog()
 	attrs := []slog.Attr{
@@ -156,31 +183,13 @@ func (p *Plugin) end(c *call, err error) error {
 		}
 		attrs = append(attrs, slog.String("families", strings.Join(fams, ",")))
 	}
-	// The runtime asks for STATUS every few seconds: an outcome already logged goes to debug.
-	quiet := c.cmd == "STATUS" && !p.statusChanged(c, err)
-	if err != nil {
-		attrs = append(attrs, slog.String("error", err.Error()))
-		errLevel := slog.LevelError
-		if quiet {
-			errLevel = slog.LevelDebug
-		}
-		logger.LogAttrs(context.Background(), errLevel, PluginType, attrs...)
-		var cniErr *types.Error
-		if errors.As(err, &cniErr) {
-			return cniErr
-		}
-		return types.NewError(types.ErrInternal, err.Error(), "")
-	}
 	switch {
-	case quiet:
-		logger.LogAttrs(context.Background(), slog.LevelDebug, PluginType, attrs...)
+	case err != nil:
+		attrs = append(attrs, slog.String("error", err.Error()))
 	case c.warning != "":
 		attrs = append(attrs, slog.String("warning", c.warning))
-		logger.LogAttrs(context.Background(), slog.LevelWarn, PluginType, attrs...)
-	default:
-		logger.LogAttrs(context.Background(), slog.LevelInfo, PluginType, attrs...)
 	}
-	return nil
+	logger.LogAttrs(context.Background(), lineLevel, PluginType, attrs...)
 }
 
 // statusChanged reports whether this STATUS outcome differs from the last one recorded in

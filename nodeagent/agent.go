@@ -801,7 +801,7 @@ func readAt(f *os.File) ([]byte, error) {
 
 // hasEntry reports whether a conflist holds any detour entry.
 func hasEntry(conflist []byte) bool {
-	_, _, plugins, err := splitPlugins(conflist)
+	plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return false
 	}

@@ -208,11 +208,11 @@ func editPlugins(conflist []byte, drop func(json.RawMessage) bool, entry []byte)
 	return b.Bytes(), nil
 }
 
-// splitPlugins returns a conflist's members, the index of its "plugins" member and the plugins.
-func splitPlugins(conflist []byte) ([]member, int, []json.RawMessage, error) {
+// splitPlugins returns a conflist's plugins, each checked to be a JSON object.
+func splitPlugins(conflist []byte) ([]json.RawMessage, error) {
 	members, err := parseObject(conflist, "the conflist")
 	if err != nil {
-		return nil, 0, nil, err
+		return nil, err
 	}
 	idx := -1
 	for i, m := range members {
@@ -221,18 +221,18 @@ func splitPlugins(conflist []byte) ([]member, int, []json.RawMessage, error) {
 		}
 	}
 	if idx < 0 {
-		return nil, 0, nil, errors.New(`the conflist has no "plugins" list`)
+		return nil, errors.New(`the conflist has no "plugins" list`)
 	}
 	var plugins []json.RawMessage
 	if err := json.Unmarshal(members[idx].value, &plugins); err != nil || plugins == nil {
-		return nil, 0, nil, errors.New(`the conflist's "plugins" is not a list`)
+		return nil, errors.New(`the conflist's "plugins" is not a list`)
 	}
 	for i, p := range plugins {
 		if _, err := pluginType(p); err != nil {
-			return nil, 0, nil, fmt.Errorf("plugin %d of the conflist is not a JSON object: %w", i, err)
+			return nil, fmt.Errorf("plugin %d of the conflist is not a JSON object: %w", i, err)
 		}
 	}
-	return members, idx, plugins, nil
+	return plugins, nil
 }
 
 // isEntry reports whether plugin is one of detour's entries.
@@ -253,7 +253,7 @@ func sameJSON(a, b []byte) bool {
 // EntryInPlace reports whether conflist holds entry exactly once, after at least one other
 // plugin (a chained plugin needs a previous result), and no other detour entry.
 func EntryInPlace(conflist, entry []byte) (bool, error) {
-	_, _, plugins, err := splitPlugins(conflist)
+	plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return false, err
 	}
@@ -283,7 +283,7 @@ func InsertEntry(conflist, entry []byte) (out []byte, changed bool, err error) {
 	if t, err := pluginType(entry); err != nil || t != PluginType {
 		return nil, false, fmt.Errorf("detour's entry must be a JSON object of type %q", PluginType)
 	}
-	_, _, plugins, err := splitPlugins(conflist)
+	plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return nil, false, err
 	}
@@ -304,7 +304,7 @@ func InsertEntry(conflist, entry []byte) (out []byte, changed bool, err error) {
 // RemoveEntries returns conflist without detour's entries, every other byte as it was; changed
 // is false when it had none. It refuses to leave a list without plugins.
 func RemoveEntries(conflist []byte) (out []byte, changed bool, err error) {
-	_, _, plugins, err := splitPlugins(conflist)
+	plugins, err := splitPlugins(conflist)
 	if err != nil {
 		return nil, false, err
 	}

@@ -89,14 +89,22 @@ type Ruleset struct {
 // Chains returns detour's own chains in the order iptables-save lists them.
 func Chains() []string { return []string{InboundChain, OutboundChain} }
 
+// validate refuses a configuration that no ruleset, iptables or nftables, may be built from.
+func (c Config) validate() error {
+	switch {
+	case c.ProxyUID == 0:
+		return errors.New("build rules: the proxy UID must not be 0 (root's traffic would bypass the proxy)")
+	case c.InboundPort == 0 || c.OutboundPort == 0:
+		return fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
+	}
+	return nil
+}
+
 // Build returns the ruleset for c. It fails only on a config no pod should have: a proxy UID
 // of 0 (root would bypass the redirect) or a zero proxy port.
 func Build(c Config) (Ruleset, error) {
-	switch {
-	case c.ProxyUID == 0:
-		return Ruleset{}, errors.New("build rules: the proxy UID must not be 0 (root's traffic would bypass the proxy)")
-	case c.InboundPort == 0 || c.OutboundPort == 0:
-		return Ruleset{}, fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
+	if err := c.validate(); err != nil {
+		return Ruleset{}, err
 	}
 	rs := Ruleset{Family: c.Family, Hooks: hooks(), Config: c}
 	add := func(chain, spec string) { rs.Rules = append(rs.Rules, Rule{chain, spec}) }

@@ -72,7 +72,7 @@ func BuildNFT(configs ...Config) (NFTRuleset, error) {
 	var rs NFTRuleset
 	var fams []NFTChain
 	for _, c := range configs {
-		if _, err := Build(c); err != nil {
+		if err := c.validate(); err != nil {
 			return NFTRuleset{}, err
 		}
 		for _, f := range rs.Families {
@@ -82,8 +82,8 @@ func BuildNFT(configs ...Config) (NFTRuleset, error) {
 		}
 		rs.Families = append(rs.Families, c.Family)
 		in, ob := nftFamilyChains(c)
-		pre.Rules = append(pre.Rules, NFTRule{"detour/inbound", concat(nfproto(c.Family), l4tcp(), jump(in.Name))})
-		out.Rules = append(out.Rules, NFTRule{"detour/outbound", concat(nfproto(c.Family), l4tcp(), jump(ob.Name))})
+		pre.Rules = append(pre.Rules, nftJump(c.Family, NFTPreroutingChain))
+		out.Rules = append(out.Rules, nftJump(c.Family, NFTOutputChain))
 		fams = append(fams, in, ob)
 	}
 	rs.Chains = append([]NFTChain{pre, out}, fams...)
@@ -92,6 +92,15 @@ func BuildNFT(configs ...Config) (NFTRuleset, error) {
 
 // nftFamilyChains are c.Family's inbound and outbound chains; see Build for why each rule is
 // where it is.
+// nftJump is base chain's rule for family f: its TCP goes to the family's inbound chain
+// (prerouting) or outbound chain (output).
+func nftJump(f Family, base string) NFTRule {
+	if base == NFTPreroutingChain {
+		return NFTRule{"detour/inbound", concat(nfproto(f), l4tcp(), jump(NFTInboundChain(f)))}
+	}
+	return NFTRule{"detour/outbound", concat(nfproto(f), l4tcp(), jump(NFTOutboundChain(f)))}
+}
+
 func nftFamilyChains(c Config) (in, out NFTChain) {
 	in = NFTChain{Name: NFTInboundChain(c.Family)}
 	out = NFTChain{Name: NFTOutboundChain(c.Family)}

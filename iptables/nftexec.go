@@ -187,15 +187,9 @@ func nftDiffBase(where string, w, h NFTChain) error {
 			return fmt.Errorf("%s: chain %s has the jump %q %d times, expected once", where, w.Name, r, n)
 		}
 	}
-	var jumps []string
-	for _, f := range []Family{IPv4, IPv6} {
-		all, _ := BuildNFT(Config{Family: f, ProxyUID: 1, InboundPort: 1, OutboundPort: 1})
-		for _, ch := range all.Chains {
-			if ch.Name == w.Name {
-				jumps = append(jumps, ruleTexts(ch.Rules)...)
-			}
-		}
-	}
+	// The base chain may hold the jump of either family (the other family's is checked by
+	// the expected chain above when that family is installed).
+	jumps := []string{nftJump(IPv4, w.Name).String(), nftJump(IPv6, w.Name).String()}
 	for i, r := range haveRules {
 		if !slices.Contains(jumps, r) {
 			return fmt.Errorf("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, r)

@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/fsutil"
 	"github.com/detourmesh/detour/iptables"
 )
 
@@ -204,36 +205,14 @@ func (p *Plugin) statusChanged(c *call, err error) bool {
 	if p.StateDir == "" {
 		return !clean
 	}
-	path := filepath.Join(p.StateDir, "status")
-	if last, rerr := os.ReadFile(path); rerr == nil && string(last) == outcome {
-		return false
-	}
-	if werr := writeState(p.StateDir, path, []byte(outcome)); werr != nil {
+	if err := os.MkdirAll(p.StateDir, 0o700); err != nil {
 		return !clean
 	}
-	return true
-}
-
-// writeState replaces path with data atomically (temporary file and rename).
-func writeState(dir, path string, data []byte) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(dir, ".status-")
-	if err != nil {
-		return err
-	}
-	_, werr := tmp.Write(data)
-	if cerr := tmp.Close(); werr == nil {
-		werr = cerr
-	}
-	if werr == nil {
-		werr = os.Rename(tmp.Name(), path)
-	}
+	wrote, werr := fsutil.WriteFileAtomic(filepath.Join(p.StateDir, "status"), []byte(outcome), 0o600)
 	if werr != nil {
-		os.Remove(tmp.Name())
+		return !clean
 	}
-	return werr
+	return wrote
 }
 
 // logger logs to stderr (which the runtime captures) and, when configured, to the log file.

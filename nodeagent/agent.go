@@ -23,6 +23,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // configExtensions are the files a runtime loads as networks (containerd's and CRI-O's list).
@@ -384,7 +385,7 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		return s, errors.Join(err, kubeconfigErr)
 	}
 	s.EntryInPlace = true
-	if wrote, err := writeFileAtomic(filepath.Join(a.cfg.ConfDir, ModeFileName), []byte(string(s.Mode)+"\n"+s.ModeReason+"\n"), 0o644); err != nil {
+	if wrote, err := fsutil.WriteFileAtomic(filepath.Join(a.cfg.ConfDir, ModeFileName), []byte(string(s.Mode)+"\n"+s.ModeReason+"\n"), 0o644); err != nil {
 		return s, errors.Join(err, kubeconfigErr)
 	} else if wrote {
 		a.log.Info("recorded the mode for detour check", "file", filepath.Join(a.cfg.ConfDir, ModeFileName))
@@ -480,7 +481,7 @@ func (a *Agent) ensureDropIn(primary, file string, data []byte, name string) (st
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return path, fmt.Errorf("create the drop-in directory of network %q: %w", name, err)
 	}
-	wrote, err := writeFileAtomic(path, content, 0o644)
+	wrote, err := fsutil.WriteFileAtomic(path, content, 0o644)
 	if err != nil {
 		return path, fmt.Errorf("write detour's drop-in: %w", err)
 	}
@@ -521,7 +522,7 @@ func (a *Agent) removeDropIns(keep string) (bool, error) {
 		removed = true
 		a.log.Info("removed detour's drop-in", "file", f)
 		if err := os.Remove(filepath.Dir(f)); err == nil {
-			_ = syncDir(a.cfg.ConfDir)
+			_ = fsutil.SyncDir(a.cfg.ConfDir)
 		}
 	}
 	if removed {
@@ -628,7 +629,7 @@ func (a *Agent) removeEntry(primary, file string, data []byte) error {
 	if !changed {
 		return nil
 	}
-	if _, err := writeFileAtomic(primary, out, fileMode(primary)); err != nil {
+	if _, err := fsutil.WriteFileAtomic(primary, out, fileMode(primary)); err != nil {
 		return err
 	}
 	a.log.Warn("removed detour's entry from the primary CNI configuration", "file", primary)
@@ -687,7 +688,7 @@ func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 		if attempt == 3 {
 			// Give the primary's newest version back to the runtime as it wrote it; the next
 			// event (this write) adds the entry to it.
-			if _, err := writeFileAtomic(holder, newer, mode); err != nil {
+			if _, err := fsutil.WriteFileAtomic(holder, newer, mode); err != nil {
 				return holder, err
 			}
 			return holder, &raceError{fmt.Sprintf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)}
@@ -725,7 +726,7 @@ func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (s
 			return file, false, nil
 		}
 		a.beforeReplace()
-		if _, err := writeFileAtomic(file, out, mode); err != nil {
+		if _, err := fsutil.WriteFileAtomic(file, out, mode); err != nil {
 			return file, false, err
 		}
 		a.log.Info("added detour's entry to the primary CNI configuration", "file", file)
@@ -748,7 +749,7 @@ func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (s
 		return primary, false, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
 	}
 	a.beforeReplace()
-	if _, err := writeFileAtomic(target, out, mode); err != nil {
+	if _, err := fsutil.WriteFileAtomic(target, out, mode); err != nil {
 		return primary, false, err
 	}
 	if _, err := removeFile(primary); err != nil {
@@ -1004,7 +1005,7 @@ func (a *Agent) removeAllEntries() error {
 			continue
 		}
 		if changed {
-			if _, err := writeFileAtomic(target, out, fileMode(target)); err != nil {
+			if _, err := fsutil.WriteFileAtomic(target, out, fileMode(target)); err != nil {
 				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 				continue
 			}

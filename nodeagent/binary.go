@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // fileID identifies a file's content cheaply: if none of these changed, neither did the file.
@@ -75,7 +77,7 @@ func (b *binaryInstaller) ensure() (bool, error) {
 		return false, fmt.Errorf("open the plugin binary: %w", err)
 	}
 	defer in.Close()
-	if err := replaceFile(b.dest, 0o755, func(w io.Writer) error {
+	if err := fsutil.ReplaceFile(b.dest, 0o755, func(w io.Writer) error {
 		_, err := io.Copy(w, in)
 		return err
 	}); err != nil {

@@ -10,6 +10,8 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // ensureKubeconfig writes the plugin's token and kubeconfig (mode 0600) when they differ from
@@ -34,11 +36,11 @@ func (a *Agent) ensureKubeconfig(ctx context.Context) (bool, time.Time, error) {
 	if token == nil {
 		return false, time.Time{}, tokenErr
 	}
-	wroteToken, err := writeFileAtomic(a.cfg.TokenPath, token, 0o600)
+	wroteToken, err := fsutil.WriteFileAtomic(a.cfg.TokenPath, token, 0o600)
 	if err != nil {
 		return false, expires, fmt.Errorf("write the plugin's token: %w", err)
 	}
-	wroteConfig, err := writeFileAtomic(a.cfg.KubeconfigPath, kubeconfig, 0o600)
+	wroteConfig, err := fsutil.WriteFileAtomic(a.cfg.KubeconfigPath, kubeconfig, 0o600)
 	if err != nil {
 		return false, expires, fmt.Errorf("write the plugin's kubeconfig: %w", err)
 	}

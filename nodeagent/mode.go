@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/version"
+
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // Mode is how detour's plugin configuration reaches the runtime.
@@ -165,7 +167,7 @@ func formatDropIn(entry []byte) ([]byte, error) {
 // containerd reloads on a write, a rename or a removal in the directory, whatever the file;
 // the temporary file has no CNI extension, so no one loads it.
 func pokeRuntime(dir string) error {
-	f, err := os.CreateTemp(dir, tempPrefix+"reload-")
+	f, err := os.CreateTemp(dir, fsutil.TempPrefix+"reload-")
 	if err != nil {
 		return fmt.Errorf("make the runtime reload its CNI configuration: %w", err)
 	}

@@ -3,10 +3,13 @@ package e2e
 import (
 	"crypto/tls"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // writeFiles writes everything the node's processes read: certificates and kubeconfigs, the
@@ -108,7 +111,11 @@ func (n *Node) WritePrimaryConfig() error {
   ]
 }
 `, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), podSubnet, podGateway)
-	return writeFileAtomic(n.PrimaryConfigPath(), []byte(conf))
+	// Always a new file, even with the same content: a CNI installer's rewrite.
+	return fsutil.ReplaceFile(n.PrimaryConfigPath(), 0o644, func(w io.Writer) error {
+		_, err := io.WriteString(w, conf)
+		return err
+	})
 }
 
 // PrimaryConfigPath is the primary CNI's conflist.
@@ -307,12 +314,3 @@ serializeImagePulls: false
 
 // insecureTLS is for health checks of components whose serving certificates are self-signed.
 func insecureTLS() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }
-
-// writeFileAtomic writes path by renaming a temporary file over it, as CNI installers do.
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
-}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/detourmesh/detour/internal/fsutil"
 	"github.com/detourmesh/detour/nodeagent"
 )
 
@@ -140,7 +142,10 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 			}
 			var err error
 			if i%4 < 2 {
-				err = writeFileAtomic(path, []byte(content))
+				err = fsutil.ReplaceFile(path, 0o644, func(w io.Writer) error {
+					_, err := io.WriteString(w, content)
+					return err
+				})
 			} else {
 				err = os.WriteFile(path, []byte(content), 0o644) // in place: truncate, write
 			}

@@ -283,6 +283,22 @@ func TestIntegrationInjectProperty(t *testing.T) {
 	testenv.Serve(t, remoteNS, "remote", "tcp4", fmt.Sprintf("0.0.0.0:%d", propertyRemote))
 	testenv.Serve(t, remoteNS, "remote", "tcp6", fmt.Sprintf("[::]:%d", propertyRemote))
 
+	// The network is up before any property is checked: the first IPv6 connection over a
+	// fresh veth can be lost while the link settles, which would fail whichever pod came first.
+	for _, ip := range []netip.Addr{propertyRemoteIP4, propertyRemoteIP6} {
+		addr := netip.AddrPortFrom(ip, propertyRemote)
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			got, err := testenv.DialAs(podNS, testenv.Identity{}, nil, addr, time.Second)
+			if err == nil && got == "remote "+addr.String() {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the test network does not carry %s: got %q (%v)", addr, got, err)
+			}
+		}
+	}
+
 	stats := map[string]int{}
 	for i := range pods {
 		r := rand.New(rand.NewPCG(seed, uint64(i)))

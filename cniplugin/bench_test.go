@@ -36,9 +36,11 @@ func BenchmarkChain(b *testing.B) {
 		{name: "bridge + detour-cni, not injected", list: f.list(nil), pod: plain, viaRuntime: true},
 		{name: "bridge + detour-cni, runtimeConfig", list: f.list(nil), pod: pod, viaRuntime: true},
 		{name: "bridge + detour-cni, API GET", list: f.list(nil), pod: pod, viaRuntime: false},
-		// The backends side by side, annotations from runtimeConfig (auto above is nft here).
-		{name: "bridge + detour-cni, rc, legacy", list: f.list(map[string]any{"iptablesBackend": "legacy"}), pod: pod, viaRuntime: true},
+		// The backends side by side, annotations from runtimeConfig (auto above chooses
+		// nftables in these fresh namespaces).
 		{name: "bridge + detour-cni, rc, nftables", list: f.list(map[string]any{"iptablesBackend": "nftables"}), pod: pod, viaRuntime: true},
+		{name: "bridge + detour-cni, rc, nft", list: f.list(map[string]any{"iptablesBackend": "nft"}), pod: pod, viaRuntime: true},
+		{name: "bridge + detour-cni, rc, legacy", list: f.list(map[string]any{"iptablesBackend": "legacy"}), pod: pod, viaRuntime: true},
 	}
 	for _, conc := range []int{1, 4} {
 		b.Run(fmt.Sprintf("%d-at-a-time", conc), func(b *testing.B) {

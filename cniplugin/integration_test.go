@@ -170,6 +170,8 @@ func TestIntegrationDelayedRedirect(t *testing.T) {
 		{iptables.BackendLegacy, true, false},
 		{iptables.BackendNFTables, false, false},
 		{iptables.BackendNFTables, true, true},
+		{iptables.BackendAuto, false, true},
+		{iptables.BackendAuto, true, false},
 	} {
 		name := string(tc.backend) + map[bool]string{false: "-ipv4", true: "-dualstack"}[tc.dualStack] + map[bool]string{false: "-runtimeconfig", true: "-api"}[tc.viaAPI]
 		t.Run(name, func(t *testing.T) {
@@ -177,6 +179,11 @@ func TestIntegrationDelayedRedirect(t *testing.T) {
 			pod := f.createPod("web", redirect.Annotations())
 			podSandbox := f.sandbox(pod, !tc.viaAPI)
 			res := f.add(f.list(map[string]any{"iptablesBackend": string(tc.backend)}), podSandbox)
+			if tc.backend == iptables.BackendAuto {
+				if _, used, err := iptables.NewExecutor().Save(context.Background(), podSandbox.NetNS.Path, iptables.IPv4); err != nil || used != iptables.BackendNFTables {
+					t.Fatalf("auto wrote a fresh pod's rules with %q (%v), want nftables", used, err)
+				}
+			}
 			remote := testenv.NewNetNS(t)
 			remoteRes := f.add(f.primaryOnly(), testenv.PodAttachment(remote, f.namespace, "remote", "", map[string]string{}))
 
@@ -219,8 +226,8 @@ func TestIntegrationAnnotationPathsAgree(t *testing.T) {
 	viaRuntime, viaAPI := f.sandbox(pod, true), f.sandbox(pod, false)
 	f.add(f.list(nil), viaRuntime)
 	f.add(f.list(nil), viaAPI)
-	a, b := save(t, viaRuntime, iptables.BackendNFT, iptables.IPv4), save(t, viaAPI, iptables.BackendNFT, iptables.IPv4)
-	if !strings.Contains(a, "DETOUR_OUTBOUND") || a != b {
+	a, b := save(t, viaRuntime, iptables.BackendAuto, iptables.IPv4), save(t, viaAPI, iptables.BackendAuto, iptables.IPv4)
+	if !strings.Contains(a, iptables.NFTOutboundChain(iptables.IPv4)) || a != b {
 		t.Errorf("rules differ between the annotation paths:\n--- runtimeConfig\n%s--- api\n%s", a, b)
 	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/internal/testenv"
 )
 
 const prevResult = `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:f4:00:05","sandbox":"/var/run/netns/x"}],` +
@@ -257,19 +258,30 @@ func TestStatus(t *testing.T) {
 	}
 	t.Run("iptables missing", func(t *testing.T) {
 		t.Setenv("PATH", t.TempDir())
-		if err := status(""); err != nil {
+		if err := status(`,"iptablesBackend":"nft"`); err != nil {
 			t.Fatalf("STATUS without iptables = %v; it breaks injected pods only, not the node", err)
 		}
 		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"level":"WARN"`) || !strings.Contains(l[0], "no usable ipv4 iptables backend") {
 			t.Fatalf("log %q, want one warning", l)
 		}
 		for range 100 {
-			if err := status(""); err != nil {
+			if err := status(`,"iptablesBackend":"nft"`); err != nil {
 				t.Fatal(err)
 			}
 		}
 		if log.Len() != 0 {
 			t.Fatalf("the same outcome was logged again:\n%s", log.String())
+		}
+	})
+	t.Run("iptables missing, auto", func(t *testing.T) {
+		testenv.Privileged(t) // nf_tables answers CAP_NET_ADMIN only
+		t.Setenv("PATH", t.TempDir())
+		log.Reset()
+		if err := status(""); err != nil {
+			t.Fatal(err)
+		}
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"decision":"ready"`) || strings.Contains(l[0], "WARN") {
+			t.Fatalf("log %q; auto needs no iptables tool where the kernel answers nf_tables requests", l)
 		}
 	})
 	t.Run("kubeconfig unreadable", func(t *testing.T) {
@@ -311,7 +323,7 @@ func TestStatus(t *testing.T) {
 // Without a state directory STATUS still logs its problems (and a clean "ready" at debug only).
 func TestStatusWithoutStateLogsOnlyProblems(t *testing.T) {
 	p, _, log := testPlugin(&fakeGetter{})
-	p.NewExecutor = func(*Config) *iptables.Executor { return iptables.NewExecutor() }
+	p.NewExecutor = func(*Config) *iptables.Executor { return iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFT)) }
 	t.Setenv("PATH", t.TempDir())
 	if err := p.Status(cmdArgs([]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"}`), "")); err != nil {
 		t.Fatal(err)

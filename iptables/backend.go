@@ -7,11 +7,12 @@ import (
 	"strings"
 )
 
-// Backend is how detour writes its rules: with the iptables tools of the legacy xtables
-// interface or of nf_tables (iptables-nft), or natively over netlink into a nf_tables table of
-// its own (nftables), which needs no tool on the host. The iptables tools' backends must not be
-// mixed in a namespace, so auto uses the one that already holds rules; nftables is chosen only
-// explicitly.
+// Backend is how detour writes its rules: natively over netlink into a nf_tables table of its
+// own (nftables), which needs no tool on the host, or with the iptables tools of the legacy
+// xtables interface or of nf_tables (iptables-nft). auto chooses per pod namespace (autoChoice):
+// nftables unless the namespace holds detour's iptables rules already or legacy rules of
+// another tool, or the kernel has no nf_tables; the iptables tools' backends must not be mixed
+// in a namespace, so among them auto uses the one that already holds rules.
 type Backend string
 
 const (

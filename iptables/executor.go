@@ -85,17 +85,47 @@ func (e *Executor) tools(f Family) *familyTools {
 	return ft
 }
 
-// Usable reports whether the tools for family f are on PATH, and why not; for the nftables
-// backend, whether the kernel answers nf_tables requests.
+// Usable reports whether detour can write rules for family f on this node, and why not: for
+// the nftables backend, whether the kernel answers nf_tables requests; for auto, that or the
+// iptables tools on PATH (pods whose namespace holds legacy rules need the tools); for legacy and
+// nft, their tools on PATH.
 func (e *Executor) Usable(f Family) error {
-	if e.backend == BackendNFTables {
-		return nftUsable()
+	switch e.backend {
+	case BackendNFTables:
+		return NFTablesUsable()
+	case BackendAuto:
+		nftErr := NFTablesUsable()
+		if nftErr == nil {
+			return nil
+		}
+		if err := e.tools(f).err; err != nil {
+			return errors.Join(nftErr, err)
+		}
+		return nil
 	}
 	return e.tools(f).err
 }
 
 // Backend returns the backend the Executor was configured with (auto unless pinned).
 func (e *Executor) Backend() Backend { return e.backend }
+
+// pick is the backend for the calling thread's network namespace: the pinned one, or auto's
+// choice there (BackendAuto standing for the iptables tools). Call it inside nsutil.Do.
+func (e *Executor) pick(families ...Family) Backend {
+	if e.backend != BackendAuto {
+		return e.backend
+	}
+	return autoChoice(families)
+}
+
+// rulesetFamilies are the families of rulesets, in order.
+func rulesetFamilies(rulesets []Ruleset) []Family {
+	fs := make([]Family, len(rulesets))
+	for i, rs := range rulesets {
+		fs[i] = rs.Family
+	}
+	return fs
+}
 
 // nftRuleset is the nftables table for rulesets, one per family.
 func nftRuleset(rulesets []Ruleset) (NFTRuleset, error) {
@@ -177,26 +207,25 @@ func lockNamespace(nsPath string) (unlock func(), err error) {
 }
 
 // Apply installs each ruleset (one per family) in the network namespace at nsPath, replacing
-// whatever detour had installed there before, with one iptables-restore per family.
+// whatever detour had installed there before: with the nftables backend one netlink
+// transaction for all families, with the iptables tools one iptables-restore per family.
 func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
 	unlock, err := lockNamespace(nsPath)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if e.backend == BackendNFTables {
-		want, err := nftRuleset(rulesets)
-		if err != nil {
-			return fmt.Errorf("apply rules in %s: %w", nsPath, err)
-		}
-		return nsutil.Do(nsPath, func() error {
-			if err := nftApply(want); err != nil {
-				return fmt.Errorf("apply %s rules in %s: %w", familyList(want.Families), nsPath, err)
+	return nsutil.Do(nsPath, func() error {
+		if e.pick(rulesetFamilies(rulesets)...) == BackendNFTables {
+			want, err := nftRuleset(rulesets)
+			if err == nil {
+				err = nftApply(want)
+			}
+			if err != nil {
+				return fmt.Errorf("apply %s rules in %s (nftables backend): %w", familyList(rulesetFamilies(rulesets)), nsPath, err)
 			}
 			return nil
-		})
-	}
-	return nsutil.Do(nsPath, func() error {
+		}
 		for _, rs := range rulesets {
 			s, err := e.inspect(ctx, rs.Family)
 			if err != nil {
@@ -210,25 +239,21 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 	})
 }
 
-// Remove deletes every chain and jump of detour's for each family in the namespace at nsPath,
-// from whichever backends hold them, leaving other rules alone. Removing from a namespace
-// without detour's rules succeeds. The nftables backend deletes detour's whole table, whatever
-// the families.
+// Remove deletes detour's rules in the namespace at nsPath, whatever the configured backend
+// and whichever wrote them — detour's nftables table, and its chains and jumps of each family in
+// the nat tables of both iptables backends — leaving other rules alone, so a pod set up before
+// the node changed backends is cleaned too. Removing from a namespace without detour's rules
+// succeeds.
 func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family) error {
 	unlock, err := lockNamespace(nsPath)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	if e.backend == BackendNFTables {
-		return nsutil.Do(nsPath, func() error {
-			if err := nftRemoveTable(); err != nil {
-				return fmt.Errorf("remove rules in %s: %w", nsPath, err)
-			}
-			return nil
-		})
-	}
 	return nsutil.Do(nsPath, func() error {
+		if err := nftRemoveTable(); err != nil {
+			return fmt.Errorf("remove rules in %s: %w", nsPath, err)
+		}
 		for _, f := range families {
 			if err := e.remove(ctx, f); err != nil {
 				return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
@@ -238,21 +263,36 @@ func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family
 	})
 }
 
-// remove removes family f's rules in the current namespace. A backend without a nat table holds
-// nothing. nf_tables is asked over netlink, which needs no tool; should that fail, and for the
-// legacy backend, the removal of the rules as Apply installs them is tried first, which is one
-// tool run in the usual case, and the table is read only when that fails.
+// remove removes family f's iptables rules in the current namespace. A backend without a nat
+// table holds nothing. nf_tables is asked over netlink, which needs no tool; should that fail,
+// and for the legacy backend, the removal of the rules as Apply installs them is tried first,
+// which is one tool run in the usual case, and the table is read only when that fails. Without
+// the legacy tools the legacy table cannot be read, and nothing of detour's can be in it on a
+// node that never had them.
 func (e *Executor) remove(ctx context.Context, f Family) error {
-	for _, t := range e.tools(f).found {
-		if !natTableExists(t.backend, f) {
+	for _, b := range []Backend{BackendNFT, BackendLegacy} {
+		var netlinkErr error
+		if b == BackendNFT {
+			exists, err := nftTableExists(f, "nat")
+			switch {
+			case err == nil && !exists:
+				continue
+			case err == nil:
+				if netlinkErr = nftRemove(f); netlinkErr == nil {
+					continue
+				}
+				netlinkErr = fmt.Errorf("over netlink: %w; then with the tools", netlinkErr)
+			}
+			// err != nil: the kernel does not answer nf_tables requests; its tools may.
+		} else if !natTableExists(b, f) {
 			continue
 		}
-		var netlinkErr error
-		if t.backend == BackendNFT {
-			if netlinkErr = nftRemove(f); netlinkErr == nil {
-				continue
+		t, err := lookupTools(b, f)
+		if err != nil {
+			if netlinkErr != nil {
+				return errors.Join(netlinkErr, err)
 			}
-			netlinkErr = fmt.Errorf("over netlink: %w; then with the tools", netlinkErr)
+			continue
 		}
 		s := state{tools: t}
 		if e.restore(ctx, s, installedRemoveInput()) == nil {
@@ -274,30 +314,27 @@ func (e *Executor) remove(ctx context.Context, f Family) error {
 // Check compares the live rules in the namespace at nsPath with the rulesets and returns the
 // first difference in words, or nil when they match.
 func (e *Executor) Check(ctx context.Context, nsPath string, rulesets ...Ruleset) error {
-	if e.backend == BackendNFTables {
-		want, err := nftRuleset(rulesets)
-		if err != nil {
-			return fmt.Errorf("check rules in %s: %w", nsPath, err)
-		}
-		return nsutil.Do(nsPath, func() error {
-			have, err := nftRead()
+	return nsutil.Do(nsPath, func() error {
+		if e.pick(rulesetFamilies(rulesets)...) == BackendNFTables {
+			want, err := nftRuleset(rulesets)
 			if err == nil {
-				err = nftDiff(want, have)
+				var have NFTRuleset
+				if have, err = nftRead(); err == nil {
+					err = nftDiff(want, have)
+				}
 			}
 			if err != nil {
-				return fmt.Errorf("check %s rules in %s (nftables backend): %w", familyList(want.Families), nsPath, err)
+				return fmt.Errorf("check %s rules in %s (nftables backend): %w", familyList(rulesetFamilies(rulesets)), nsPath, err)
 			}
 			return nil
-		})
-	}
-	return nsutil.Do(nsPath, func() error {
+		}
 		for _, rs := range rulesets {
 			s, err := e.inspect(ctx, rs.Family)
 			if err != nil {
 				return fmt.Errorf("check %s rules in %s: %w", rs.Family, nsPath, err)
 			}
 			if err := diff(rs, s.table); err != nil {
-				return fmt.Errorf("check rules in %s (%s backend): %w", nsPath, s.tools.backend, err)
+				return fmt.Errorf("check %s rules in %s (%s backend): %w", rs.Family, nsPath, s.tools.backend, err)
 			}
 		}
 		return nil
@@ -307,10 +344,10 @@ func (e *Executor) Check(ctx context.Context, nsPath string, rulesets ...Ruleset
 // Save returns the nat table of family f in the namespace at nsPath as iptables-save prints it,
 // from the backend detour uses there; for diagnostics and tests.
 // The nftables backend returns detour's whole table in `nft list` syntax, "" when there is none.
-func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (string, Backend, error) {
-	if e.backend == BackendNFTables {
-		var text string
-		err := nsutil.Do(nsPath, func() error {
+func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (text string, backend Backend, err error) {
+	err = nsutil.Do(nsPath, func() error {
+		if e.pick(f) == BackendNFTables {
+			backend = BackendNFTables
 			have, err := nftRead()
 			switch {
 			case errors.Is(err, errNoNFTTable):
@@ -320,15 +357,12 @@ func (e *Executor) Save(ctx context.Context, nsPath string, f Family) (string, B
 			}
 			text = have.String()
 			return nil
-		})
-		return text, BackendNFTables, err
-	}
-	var s state
-	err := nsutil.Do(nsPath, func() (err error) {
-		s, err = e.inspect(ctx, f)
+		}
+		s, err := e.inspect(ctx, f)
+		text, backend = s.raw, s.tools.backend
 		return err
 	})
-	return s.raw, s.tools.backend, err
+	return text, backend, err
 }
 
 // familyList names families for a message: "ipv4", "ipv4 and ipv6".

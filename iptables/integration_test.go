@@ -217,34 +217,103 @@ func restoreTool(b iptables.Backend, f iptables.Family) string {
 	return "iptables-" + string(b) + "-restore"
 }
 
-// The auto backend uses the one that already holds rules in the namespace, whatever the host
-// prefers, so a namespace never mixes the two.
-func TestIntegrationAutoBackendFollowsExistingRules(t *testing.T) {
+// auto writes detour's own nftables table in a fresh namespace and beside iptables-nft rules of
+// another tool, and keeps the iptables tools where a legacy nat table exists (rules that would
+// run in no defined order with detour's at the same hook) or where detour's chains already are
+// (a pod set up before the node moved to nftables, so they are replaced, never doubled).
+func TestIntegrationAutoBackendChoice(t *testing.T) {
 	testenv.Privileged(t)
 	ctx := context.Background()
-	for _, holder := range []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT} {
-		t.Run(string(holder), func(t *testing.T) {
-			ns := testenv.NewNetNS(t)
-			foreign := "*nat\n-A OUTPUT -d 192.0.2.99/32 -m comment --comment foreign -j RETURN\nCOMMIT\n"
-			if err := ns.Do(func() error {
-				_, err := iptables.ExecRunner{}.Run(ctx, restoreTool(holder, iptables.IPv4), []string{"--noflush"}, []byte(foreign))
-				return err
-			}); err != nil {
+	rs, _ := iptables.Build(iptables.Config{Family: iptables.IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140})
+	foreign := "*nat\n-A OUTPUT -d 192.0.2.99/32 -m comment --comment foreign -j RETURN\nCOMMIT\n"
+	for _, tc := range []struct {
+		name     string
+		setUp    func(t *testing.T, ns *testenv.NetNS)
+		want     iptables.Backend
+		excluded iptables.Backend // holds none of detour's rules after auto's Apply
+	}{
+		{"fresh namespace", func(*testing.T, *testenv.NetNS) {}, iptables.BackendNFTables, iptables.BackendNFT},
+		{"iptables-nft rules of another tool", func(t *testing.T, ns *testenv.NetNS) {
+			restoreIn(t, ns, iptables.BackendNFT, foreign)
+		}, iptables.BackendNFTables, iptables.BackendNFT},
+		{"legacy rules of another tool", func(t *testing.T, ns *testenv.NetNS) {
+			restoreIn(t, ns, iptables.BackendLegacy, foreign)
+		}, iptables.BackendLegacy, iptables.BackendNFTables},
+		{"detour's rules written by iptables-nft", func(t *testing.T, ns *testenv.NetNS) {
+			if err := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFT)).Apply(ctx, ns.Path, rs); err != nil {
 				t.Fatal(err)
 			}
+		}, iptables.BackendNFT, iptables.BackendNFTables},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			tc.setUp(t, ns)
 			exec := iptables.NewExecutor()
-			rs, _ := iptables.Build(iptables.Config{Family: iptables.IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140})
 			if err := exec.Apply(ctx, ns.Path, rs); err != nil {
 				t.Fatal(err)
 			}
-			_, used, err := exec.Save(ctx, ns.Path, iptables.IPv4)
-			if err != nil || used != holder {
-				t.Fatalf("auto backend used %q (%v), want %q, the one holding rules", used, err, holder)
+			if _, used, err := exec.Save(ctx, ns.Path, iptables.IPv4); err != nil || used != tc.want {
+				t.Fatalf("auto used %q (%v), want %q", used, err, tc.want)
 			}
-			if err := iptables.NewExecutor(iptables.WithBackend(holder)).Check(ctx, ns.Path, rs); err != nil {
-				t.Fatalf("rules are not in the %s backend: %v", holder, err)
+			if err := exec.Check(ctx, ns.Path, rs); err != nil {
+				t.Fatalf("auto's check: %v", err)
+			}
+			if err := iptables.NewExecutor(iptables.WithBackend(tc.want)).Check(ctx, ns.Path, rs); err != nil {
+				t.Fatalf("rules are not in the %s backend: %v", tc.want, err)
+			}
+			if err := iptables.NewExecutor(iptables.WithBackend(tc.excluded)).Check(ctx, ns.Path, rs); err == nil {
+				t.Fatalf("detour's rules are in the %s backend too: a packet would be redirected twice", tc.excluded)
 			}
 		})
+	}
+}
+
+// Remove cleans detour's rules of every kind, whatever the executor's backend: a pod set up
+// with the iptables tools before its node moved to nftables (or back) is cleaned by the DEL of
+// the new configuration. Other tools' rules stay.
+func TestIntegrationRemoveCleansEveryBackend(t *testing.T) {
+	testenv.Privileged(t)
+	ctx := context.Background()
+	rs, _ := iptables.Build(iptables.Config{Family: iptables.IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140})
+	foreign := "*nat\n-A OUTPUT -d 192.0.2.99/32 -m comment --comment foreign -j RETURN\nCOMMIT\n"
+	all := []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT, iptables.BackendNFTables}
+	for _, remover := range append([]iptables.Backend{iptables.BackendAuto}, all...) {
+		t.Run(string(remover), func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			restoreIn(t, ns, iptables.BackendLegacy, foreign)
+			for _, b := range all {
+				if err := iptables.NewExecutor(iptables.WithBackend(b)).Apply(ctx, ns.Path, rs); err != nil {
+					t.Fatalf("apply with %s: %v", b, err)
+				}
+			}
+			if err := iptables.NewExecutor(iptables.WithBackend(remover)).Remove(ctx, ns.Path, iptables.IPv4); err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range all {
+				text, _, err := iptables.NewExecutor(iptables.WithBackend(b)).Save(ctx, ns.Path, iptables.IPv4)
+				if err != nil {
+					t.Fatalf("read %s: %v", b, err)
+				}
+				if strings.Contains(text, "DETOUR") || strings.Contains(text, "detour") {
+					t.Errorf("%s still holds detour's rules after %s's Remove:\n%s", b, remover, text)
+				}
+			}
+			legacy, _, _ := iptables.NewExecutor(iptables.WithBackend(iptables.BackendLegacy)).Save(ctx, ns.Path, iptables.IPv4)
+			if !strings.Contains(legacy, "foreign") {
+				t.Errorf("the other tool's legacy rule is gone:\n%s", legacy)
+			}
+		})
+	}
+}
+
+// restoreIn loads iptables-restore input into ns with backend b's tool.
+func restoreIn(t *testing.T, ns *testenv.NetNS, b iptables.Backend, input string) {
+	t.Helper()
+	if err := ns.Do(func() error {
+		_, err := iptables.ExecRunner{}.Run(context.Background(), restoreTool(b, iptables.IPv4), []string{"--noflush"}, []byte(input))
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -58,15 +58,18 @@ func nftApply(rs NFTRuleset) error {
 	return nil
 }
 
-// nftRemoveTable deletes detour's table, and so all its rules, in one transaction; a missing
-// table is created first so that deleting it cannot fail for its absence.
+// nftRemoveTable deletes detour's table, and so all its rules, in one transaction. A namespace
+// without the table, or a kernel that does not answer nf_tables requests, has nothing to delete:
+// every DEL calls it, whatever the backend.
 func nftRemoveTable() error {
 	c, err := nftConn()
 	if err != nil {
-		return err
+		return nil
 	}
 	defer c.CloseLasting()
-	c.AddTable(nftTableRef())
+	if _, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyINet); err != nil {
+		return nil
+	}
 	c.DelTable(nftTableRef())
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("delete table inet %s over netlink: %w", NFTTable, err)
@@ -118,9 +121,9 @@ func nftRead() (NFTRuleset, error) {
 	return rs, nil
 }
 
-// nftUsable reports whether the kernel answers nf_tables requests in the calling thread's
-// network namespace.
-func nftUsable() error {
+// NFTablesUsable reports whether the kernel answers nf_tables requests in the calling thread's
+// network namespace, which is all the nftables backend needs.
+func NFTablesUsable() error {
 	c, err := nftConn()
 	if err != nil {
 		return err

@@ -121,6 +121,8 @@ func (c *checker) iptables() {
 			c.fail("%s: %v", f, err)
 		case c.exec.Backend() == iptables.BackendNFTables:
 			c.ok("%s: the kernel answers nf_tables requests (nftables backend, no tools needed)", f)
+		case c.exec.Backend() == iptables.BackendAuto && iptables.NFTablesUsable() == nil:
+			c.ok("%s: the kernel answers nf_tables requests (auto: the nftables backend in pod namespaces without legacy rules, no tools needed)", f)
 		default:
 			c.ok("%s: iptables-save and iptables-restore found", f)
 		}

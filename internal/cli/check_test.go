@@ -112,7 +112,7 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 	os.WriteFile(podFile, b, 0o644)
 
 	args := []string{"check", "--cni-conf-dir=", "-f", podFile, "--netns", ns.Path}
-	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check rules in") || !strings.Contains(out, "missing") {
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check ipv4 rules in") || !strings.Contains(out, "missing") {
 		t.Fatalf("check before the rules are installed: %v\n%s", err, out)
 	}
 	rs, _ := iptables.Build(iptables.ConfigFromRedirect(r, iptables.IPv4))
@@ -129,7 +129,7 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 
 	// A pod with an IPv6 address must have IPv6 rules.
 	testenv.Link(t, ns, "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::2/64")}, testenv.NewNetNS(t), "eth0", []netip.Prefix{netip.MustParsePrefix("fd99::1/64")})
-	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check rules in") || !strings.Contains(out, "ipv6") {
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, "✗ Pod web: check ") || !strings.Contains(out, "ipv6") {
 		t.Fatalf("check of a dual-stack pod without IPv6 rules: %v\n%s", err, out)
 	}
 }

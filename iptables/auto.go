@@ -1,0 +1,57 @@
+package iptables
+
+import (
+	"slices"
+
+	"github.com/google/nftables"
+)
+
+// autoChoice is auto's backend in the calling thread's network namespace for families:
+// nftables where detour's table already is; the iptables tools (BackendAuto, which then picks
+// legacy or nft as it always has) where detour's chains are in the iptables-nft nat table (a pod
+// set up before the node moved to nftables, so its rules are replaced, not doubled) or where a
+// legacy nat table exists (another tool's rules, which detour's nf_tables chains at the same hook
+// priority would run in no defined order with), and where the kernel does not answer nf_tables
+// requests; nftables otherwise — in a fresh pod namespace, always. It costs one netlink dump and
+// a /proc read per family.
+func autoChoice(families []Family) Backend {
+	c, err := nftConn()
+	if err != nil {
+		return BackendAuto
+	}
+	defer c.CloseLasting()
+	tables, err := c.ListTables()
+	if err != nil {
+		return BackendAuto
+	}
+	nat := map[nftables.TableFamily]bool{}
+	for _, t := range tables {
+		switch {
+		case t.Family == nftables.TableFamilyINet && t.Name == NFTTable:
+			return BackendNFTables
+		case t.Name == "nat":
+			nat[t.Family] = true
+		}
+	}
+	for _, f := range families {
+		if natTableExists(BackendLegacy, f) {
+			return BackendAuto
+		}
+		if nat[nftFamily(f)] && hasOwnChains(c, f) {
+			return BackendAuto
+		}
+	}
+	return BackendNFTables
+}
+
+// hasOwnChains reports whether the iptables-nft nat table of family f holds one of detour's
+// chains; when it cannot tell, it says yes, which keeps the tools that can.
+func hasOwnChains(c *nftables.Conn, f Family) bool {
+	chains, err := c.ListChainsOfTableFamily(nftFamily(f))
+	if err != nil {
+		return true
+	}
+	return slices.ContainsFunc(chains, func(ch *nftables.Chain) bool {
+		return ch.Table.Name == "nat" && slices.Contains(Chains(), ch.Name)
+	})
+}

@@ -419,45 +419,49 @@ func TestIntegrationNoNsenter(t *testing.T) {
 	}
 }
 
-// The nftables backend needs no tool at all: ADD, CHECK and DEL with a PATH that holds no
-// iptables, ip6tables or nft binary, and the app's traffic is captured.
+// The nftables backend, and auto in a fresh namespace, need no tool at all: ADD, CHECK and DEL
+// with a PATH that holds no iptables, ip6tables or nft binary, and the app's traffic is captured.
 func TestIntegrationNFTablesWithoutTools(t *testing.T) {
-	f := newFixture(t, true)
-	pod := f.createPod("bottlerocket", redirect.Annotations())
-	a := f.sandbox(pod, true)
-	remote := testenv.NewNetNS(t) // before the PATH is emptied: testenv looks for the tools
-	t.Setenv("PATH", t.TempDir())
-	for _, tool := range []string{"iptables", "ip6tables", "nft", "iptables-nft-restore", "iptables-legacy-restore", "nsenter"} {
-		if p, err := exec.LookPath(tool); err == nil {
-			t.Fatalf("%s is still on PATH at %s", tool, p)
-		}
-	}
-	list := f.list(map[string]any{"iptablesBackend": "nftables"})
-	f.add(list, a)
-	if err := f.cni.Config.CheckNetworkList(context.Background(), list, a.Runtime); err != nil {
-		t.Fatalf("CHECK: %v", err)
-	}
-	var want []iptables.Ruleset
-	for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		rs, _ := iptables.Build(iptables.ConfigFromRedirect(redirect, fam))
-		want = append(want, rs)
-	}
-	nft := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables))
-	if err := nft.Check(context.Background(), a.NetNS.Path, want...); err != nil {
-		t.Fatalf("rules after ADD: %v", err)
-	}
-	remoteRes := f.add(f.primaryOnly(), testenv.PodAttachment(remote, f.namespace, "remote", "", map[string]string{}))
-	testenv.Serve(t, a.NetNS, "outbound", "tcp6", "[::]:4140")
-	testenv.Serve(t, remote, "remote", "tcp6", "[::]:8080")
-	dst := netip.AddrPortFrom(addrOf(t, remoteRes, true), remotePort)
-	expect(t, a.NetNS, app, dst, "outbound "+dst.String())
-	expect(t, a.NetNS, initGID, dst, "remote "+dst.String())
-	for range 2 {
-		if err := f.cni.Config.DelNetworkList(context.Background(), list, a.Runtime); err != nil {
-			t.Fatalf("DEL: %v", err)
-		}
-	}
-	if s, _, err := nft.Save(context.Background(), a.NetNS.Path, iptables.IPv4); err != nil || s != "" {
-		t.Errorf("after DEL: table %q, %v; want none", s, err)
+	for _, backend := range []iptables.Backend{iptables.BackendNFTables, iptables.BackendAuto} {
+		t.Run(string(backend), func(t *testing.T) {
+			f := newFixture(t, true)
+			pod := f.createPod("bottlerocket", redirect.Annotations())
+			a := f.sandbox(pod, true)
+			remote := testenv.NewNetNS(t) // before the PATH is emptied: testenv looks for the tools
+			t.Setenv("PATH", t.TempDir())
+			for _, tool := range []string{"iptables", "ip6tables", "nft", "iptables-nft-restore", "iptables-legacy-restore", "nsenter"} {
+				if p, err := exec.LookPath(tool); err == nil {
+					t.Fatalf("%s is still on PATH at %s", tool, p)
+				}
+			}
+			list := f.list(map[string]any{"iptablesBackend": string(backend)})
+			f.add(list, a)
+			if err := f.cni.Config.CheckNetworkList(context.Background(), list, a.Runtime); err != nil {
+				t.Fatalf("CHECK: %v", err)
+			}
+			var want []iptables.Ruleset
+			for _, fam := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+				rs, _ := iptables.Build(iptables.ConfigFromRedirect(redirect, fam))
+				want = append(want, rs)
+			}
+			nft := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables))
+			if err := nft.Check(context.Background(), a.NetNS.Path, want...); err != nil {
+				t.Fatalf("rules after ADD: %v", err)
+			}
+			remoteRes := f.add(f.primaryOnly(), testenv.PodAttachment(remote, f.namespace, "remote", "", map[string]string{}))
+			testenv.Serve(t, a.NetNS, "outbound", "tcp6", "[::]:4140")
+			testenv.Serve(t, remote, "remote", "tcp6", "[::]:8080")
+			dst := netip.AddrPortFrom(addrOf(t, remoteRes, true), remotePort)
+			expect(t, a.NetNS, app, dst, "outbound "+dst.String())
+			expect(t, a.NetNS, initGID, dst, "remote "+dst.String())
+			for range 2 {
+				if err := f.cni.Config.DelNetworkList(context.Background(), list, a.Runtime); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+			}
+			if s, _, err := nft.Save(context.Background(), a.NetNS.Path, iptables.IPv4); err != nil || s != "" {
+				t.Errorf("after DEL: table %q, %v; want none", s, err)
+			}
+		})
 	}
 }

@@ -18,8 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/iptables"
 )
 
 const prevResult = `{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","mac":"0a:58:0a:f4:00:05","sandbox":"/var/run/netns/x"}],` +
@@ -323,7 +323,9 @@ func TestStatus(t *testing.T) {
 // Without a state directory STATUS still logs its problems (and a clean "ready" at debug only).
 func TestStatusWithoutStateLogsOnlyProblems(t *testing.T) {
 	p, _, log := testPlugin(&fakeGetter{})
-	p.NewExecutor = func(*Config) *iptables.Executor { return iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFT)) }
+	p.NewExecutor = func(*Config) *iptables.Executor {
+		return iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFT))
+	}
 	t.Setenv("PATH", t.TempDir())
 	if err := p.Status(cmdArgs([]byte(`{"cniVersion":"1.1.0","name":"k8s","type":"detour-cni"}`), "")); err != nil {
 		t.Fatal(err)

@@ -9,8 +9,8 @@ import (
 // autoChoice is auto's backend in the calling thread's network namespace for families:
 // nftables where detour's table already is; the iptables tools (BackendAuto, which then picks
 // legacy or nft as it always has) where detour's chains are in the iptables-nft nat table (a pod
-// set up before the node moved to nftables, so its rules are replaced, not doubled) or where a
-// legacy nat table exists (another tool's rules, which detour's nf_tables chains at the same hook
+// set up before the node moved to nftables, so its rules are replaced, not doubled) or where the
+// legacy nat table holds rules (another tool's, which detour's nf_tables chains at the same hook
 // priority would run in no defined order with), and where the kernel does not answer nf_tables
 // requests; nftables otherwise — in a fresh pod namespace, always. It costs one netlink dump and
 // a /proc read per family.
@@ -34,7 +34,7 @@ func autoChoice(families []Family) Backend {
 		}
 	}
 	for _, f := range families {
-		if natTableExists(BackendLegacy, f) {
+		if legacyNATHasRules(f) {
 			return BackendAuto
 		}
 		if nat[nftFamily(f)] && hasOwnChains(c, f) {

@@ -232,6 +232,9 @@ func (e *Executor) Apply(ctx context.Context, nsPath string, rulesets ...Ruleset
 				return fmt.Errorf("apply %s rules in %s: %w", rs.Family, nsPath, err)
 			}
 			if err := e.restore(ctx, s, applyInput(rs, s.table)); err != nil {
+				if nsutil.OwnUserNamespace(nsPath) {
+					err = fmt.Errorf("%w; the pod's network namespace belongs to its own user namespace (hostUsers: false), where the kernel refuses iptables' owner matches written from the host: set iptablesBackend to auto or nftables", err)
+				}
 				return fmt.Errorf("apply %s rules in %s: %w", rs.Family, nsPath, err)
 			}
 		}

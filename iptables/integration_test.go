@@ -218,9 +218,10 @@ func restoreTool(b iptables.Backend, f iptables.Family) string {
 }
 
 // auto writes detour's own nftables table in a fresh namespace and beside iptables-nft rules of
-// another tool, and keeps the iptables tools where a legacy nat table exists (rules that would
-// run in no defined order with detour's at the same hook) or where detour's chains already are
-// (a pod set up before the node moved to nftables, so they are replaced, never doubled).
+// another tool, and keeps the iptables tools where the legacy nat table holds rules (they would
+// run in no defined order with detour's at the same hook; an empty table does not count) or
+// where detour's chains already are (a pod set up before the node moved to nftables, so they are
+// replaced, never doubled).
 func TestIntegrationAutoBackendChoice(t *testing.T) {
 	testenv.Privileged(t)
 	ctx := context.Background()
@@ -236,6 +237,9 @@ func TestIntegrationAutoBackendChoice(t *testing.T) {
 		{"iptables-nft rules of another tool", func(t *testing.T, ns *testenv.NetNS) {
 			restoreIn(t, ns, iptables.BackendNFT, foreign)
 		}, iptables.BackendNFTables, iptables.BackendNFT},
+		{"an empty legacy nat table", func(t *testing.T, ns *testenv.NetNS) {
+			restoreIn(t, ns, iptables.BackendLegacy, "*nat\nCOMMIT\n")
+		}, iptables.BackendNFTables, iptables.BackendLegacy},
 		{"legacy rules of another tool", func(t *testing.T, ns *testenv.NetNS) {
 			restoreIn(t, ns, iptables.BackendLegacy, foreign)
 		}, iptables.BackendLegacy, iptables.BackendNFTables},

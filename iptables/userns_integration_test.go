@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/detourmesh/detour/internal/netlab"
+	"github.com/detourmesh/detour/internal/nsutil"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/vishvananda/netlink"
@@ -71,8 +72,8 @@ func TestIntegrationNFTablesUserNamespace(t *testing.T) {
 		t.Fatalf("child did not start: %q %v", lines.Text(), lines.Err())
 	}
 	pod := &testenv.NetNS{Name: "userns-pod", Path: fmt.Sprintf("/proc/%d/ns/net", cmd.Process.Pid)}
-	if owner, err := nsOwnerDiffers(pod.Path); err != nil || !owner {
-		t.Fatalf("the pod's network namespace is not owned by another user namespace (%v)", err)
+	if !nsutil.OwnUserNamespace(pod.Path) {
+		t.Fatal("the pod's network namespace is not owned by another user namespace")
 	}
 	remote := testenv.NewNetNS(t)
 	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.MustParsePrefix("10.78.0.2/24")}, remote, "eth0", []netip.Prefix{netip.MustParsePrefix("10.78.0.1/24")})
@@ -90,17 +91,24 @@ func TestIntegrationNFTablesUserNamespace(t *testing.T) {
 	// The iptables tools, from the host's user namespace: the owner matches are refused.
 	for _, b := range []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT} {
 		err := iptables.NewExecutor(iptables.WithBackend(b)).Apply(ctx, pod.Path, rs)
-		if err == nil {
+		switch {
+		case err == nil:
 			t.Errorf("%s backend: applying owner matches from the host's user namespace succeeded; the kernel was expected to refuse them", b)
-		} else {
+		case !strings.Contains(err.Error(), "hostUsers: false") || !strings.Contains(err.Error(), "set iptablesBackend to auto or nftables"):
+			t.Errorf("%s backend: the error does not say what to do: %v", b, err)
+		default:
 			t.Logf("%s backend, as expected: %v", b, err)
 		}
 		_ = iptables.NewExecutor(iptables.WithBackend(b)).Remove(ctx, pod.Path, iptables.IPv4)
 	}
 
-	exec := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables))
+	// auto chooses nftables there (a fresh namespace), so it works too.
+	exec := iptables.NewExecutor()
 	if err := exec.Apply(ctx, pod.Path, rs); err != nil {
-		t.Fatalf("nftables backend: apply from the host's user namespace: %v", err)
+		t.Fatalf("auto backend: apply from the host's user namespace: %v", err)
+	}
+	if _, used, err := exec.Save(ctx, pod.Path, iptables.IPv4); err != nil || used != iptables.BackendNFTables {
+		t.Fatalf("auto used %q (%v) in a user-namespaced pod, want nftables", used, err)
 	}
 	if err := exec.Check(ctx, pod.Path, rs); err != nil {
 		t.Fatalf("nftables backend: check: %v", err)
@@ -205,26 +213,3 @@ func copyFile(from, to string) error {
 	return dst.Close()
 }
 
-// nsOwnerDiffers reports whether the network namespace at path is owned by a user namespace
-// other than the test's (NS_GET_USERNS).
-func nsOwnerDiffers(path string) (bool, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return false, err
-	}
-	defer f.Close()
-	const nsGetUserns = 0xb701 // _IO(0xb7, 0x1)
-	fd, _, errno := syscall.Syscall(syscall.SYS_IOCTL, f.Fd(), nsGetUserns, 0)
-	if errno != 0 {
-		return false, errno
-	}
-	defer syscall.Close(int(fd))
-	var owner, mine syscall.Stat_t
-	if err := syscall.Fstat(int(fd), &owner); err != nil {
-		return false, err
-	}
-	if err := syscall.Stat("/proc/self/ns/user", &mine); err != nil {
-		return false, err
-	}
-	return owner.Ino != mine.Ino, nil
-}

@@ -5,9 +5,11 @@ package nsutil
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Do runs fn with the calling goroutine's thread in the network namespace at path (for example
@@ -42,4 +44,25 @@ func Do(path string, fn func() error) (err error) {
 		runtime.UnlockOSThread()
 	}()
 	return fn()
+}
+
+// OwnUserNamespace reports whether the network namespace at path belongs to a user namespace
+// other than the caller's — a pod with hostUsers: false — where the kernel refuses iptables'
+// owner matches written from outside. It says no when it cannot tell.
+func OwnUserNamespace(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fd, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_USERNS)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	var owner, ours unix.Stat_t
+	if unix.Fstat(fd, &owner) != nil || unix.Stat("/proc/self/ns/user", &ours) != nil {
+		return false
+	}
+	return owner.Ino != ours.Ino || owner.Dev != ours.Dev
 }

@@ -138,9 +138,6 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	if pod.Spec.HostUsers != nil && !*pod.Spec.HostUsers {
-		return Result{}, deny("spec.hostUsers is false: the pod gets a user namespace of its own, and the kernel accepts the owner matches of detour's redirect only from inside that namespace, which detour-cni does not enter; set hostUsers: true, or leave the pod out of the mesh with the annotation %s: disabled", annotations.Inject)
-	}
 
 	wasInjected := annotations.IsInjected(pod.Annotations)
 	removed := strip(pod)

@@ -489,13 +489,15 @@ func TestMutate(t *testing.T) {
 			want: want{denial: []string{`init container "migrate", which detour.dev/init-egress leaves out, runs as the proxy's UID 2102, so its traffic would bypass the proxy`}},
 		},
 		{
-			name: "a pod with a user namespace of its own is denied, naming hostUsers",
+			// Its rules are written with nftables (auto's choice in a fresh namespace), which the
+			// kernel accepts from outside the pod's user namespace.
+			name: "a pod with a user namespace of its own is injected as usual",
 			pod: func() *corev1.Pod {
 				p := newPod()
 				p.Spec.HostUsers = ptr(false)
 				return p
 			}(),
-			want: want{denial: []string{"spec.hostUsers is false", "set hostUsers: true", annotations.Inject + ": disabled"}},
+			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids("")},
 		},
 		{
 			name: "hostUsers: true is injected as usual",
@@ -507,7 +509,7 @@ func TestMutate(t *testing.T) {
 			want: want{outcome: Injected, mode: annotations.SidecarContainer, uids: ids(""), gids: ids("")},
 		},
 		{
-			name: "a user-namespaced pod in a namespace that is not opted in is skipped, not denied",
+			name: "a user-namespaced pod in a namespace that is not opted in is skipped",
 			ns:   map[string]string{},
 			pod: func() *corev1.Pod {
 				p := newPod()

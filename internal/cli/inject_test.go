@@ -225,7 +225,8 @@ func TestRules(t *testing.T) {
 	}
 }
 
-// detour rules --backend nftables prints the nftables backend's table, as BuildNFT makes it.
+// detour rules --backend nftables (or auto) prints the nftables backend's table, as BuildNFT
+// makes it.
 func TestRulesNFTables(t *testing.T) {
 	goldenVersion(t)
 	injected, _, err := run(t, "", append([]string{"inject", "-f", filepath.Join(workloads, "deployment-mixed.yaml")}, goldenInjectArgs...)...)
@@ -245,6 +246,9 @@ func TestRulesNFTables(t *testing.T) {
 	want, _ := iptables.BuildNFT(iptables.ConfigFromRedirect(r, iptables.IPv4), iptables.ConfigFromRedirect(r, iptables.IPv6))
 	if out != want.String() {
 		t.Errorf("detour rules --backend nftables is not the plugin's table:\n%s", out)
+	}
+	if auto, _, err := run(t, injected, "rules", "-f", "-", "--backend", "auto"); err != nil || auto != out {
+		t.Errorf("rules --backend auto is not the nftables table, auto's choice in a fresh namespace (%v):\n%s", err, auto)
 	}
 	if _, _, err := run(t, injected, "rules", "-f", "-", "--backend", "ebpf"); err == nil || !strings.Contains(err.Error(), `--backend "ebpf"`) {
 		t.Errorf("rules --backend ebpf: %v", err)

@@ -21,8 +21,9 @@ detour inject): the first pod or pod template of the stream, passing over other 
 searching the items of a List. It prints the nat-table rules the detour CNI plugin installs in its network
 namespace, as iptables-restore input: IPv4 first, then IPv6, each after a comment line. With
 --family the output is exactly one family's input, ready for iptables-restore --test. With
---backend nftables it prints detour's own nf_tables table instead, in nft list syntax, as
-nft list table inet detour shows it in the pod's namespace.`,
+--backend nftables (or auto, which writes it in every fresh pod namespace on a kernel with
+nf_tables) it prints detour's own nf_tables table instead, in nft list syntax, as nft list table
+inet detour shows it in the pod's namespace.`,
 		Example: `  # The rules of a running pod:
   kubectl get pod web-7d4b9 -o yaml | detour rules -f -
 
@@ -46,11 +47,11 @@ nft list table inet detour shows it in the pod's namespace.`,
 			}
 			var nft bool
 			switch backend {
-			case "iptables", "auto", "legacy", "nft":
-			case "nftables":
+			case "iptables", "legacy", "nft":
+			case "nftables", "auto":
 				nft = true
 			default:
-				return fmt.Errorf("--backend %q: use iptables (auto, legacy, nft: iptables-restore input) or nftables", backend)
+				return fmt.Errorf("--backend %q: use iptables (legacy, nft: iptables-restore input) or nftables (auto's choice in a fresh pod namespace: nft list syntax)", backend)
 			}
 			in, closeIn, err := openInput(cmd, file)
 			if err != nil {
@@ -96,7 +97,7 @@ nft list table inet detour shows it in the pod's namespace.`,
 	}
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "the pod or workload YAML/JSON; - reads standard input")
 	cmd.Flags().StringVar(&family, "family", "all", "ipv4, ipv6 or all")
-	cmd.Flags().StringVar(&backend, "backend", "iptables", "iptables (iptables-restore input, for the auto, legacy and nft backends) or nftables (nft list syntax)")
+	cmd.Flags().StringVar(&backend, "backend", "iptables", "iptables (iptables-restore input, for the legacy and nft backends) or nftables (nft list syntax; auto is the same)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd
 }

@@ -212,4 +212,3 @@ func copyFile(from, to string) error {
 	}
 	return dst.Close()
 }
-

@@ -26,6 +26,12 @@ func (n *Node) writeFiles() error {
 			return err
 		}
 	}
+	// containerd's state (the containers' rootfs mounts) lies below this directory, as below
+	// /run/containerd (0711) on a real node: runc, as the root of a pod's user namespace
+	// (hostUsers: false), must be able to traverse it.
+	if err := os.Mkdir(filepath.Join(n.Dir, "containerd"), 0o711); err != nil && !os.IsExist(err) {
+		return err
+	}
 	if err := n.writePKI(); err != nil {
 		return err
 	}

@@ -123,6 +123,17 @@ func setUpHolder(spec holderSpec) error {
 			return fmt.Errorf("mount a stand-in over %s: %w", path, err)
 		}
 	}
+	// The stand-ins hide parts of /proc, and the kernel lets a user namespace (a pod with
+	// hostUsers: false) mount a procfs only where one is already fully visible in its mount
+	// namespace ("mount_too_revealing"); a node has such a /proc, this one here, with the
+	// flags runc mounts the pods' /proc with.
+	visible := filepath.Join(spec.RunDir, "proc")
+	if err := os.MkdirAll(visible, 0o555); err != nil {
+		return err
+	}
+	if err := unix.Mount("proc", visible, "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mount a fully visible procfs at %s: %w", visible, err)
+	}
 	return setUpNodeNetwork(spec.Net)
 }
 

@@ -15,29 +15,15 @@ import (
 // requests; nftables otherwise — in a fresh pod namespace, always. It costs one netlink dump and
 // a /proc read per family.
 func autoChoice(families []Family) Backend {
-	c, err := nftConn()
-	if err != nil {
+	tables, err := nftTables()
+	switch {
+	case err != nil:
 		return BackendAuto
-	}
-	defer c.CloseLasting()
-	tables, err := c.ListTables()
-	if err != nil {
-		return BackendAuto
-	}
-	nat := map[nftables.TableFamily]bool{}
-	for _, t := range tables {
-		switch {
-		case t.Family == nftables.TableFamilyINet && t.Name == NFTTable:
-			return BackendNFTables
-		case t.Name == "nat":
-			nat[t.Family] = true
-		}
+	case tables[detourTable]:
+		return BackendNFTables
 	}
 	for _, f := range families {
-		if legacyNATHasRules(f) {
-			return BackendAuto
-		}
-		if nat[nftFamily(f)] && hasOwnChains(c, f) {
+		if legacyNATHasRules(f) || tables[nfTable{nftFamily(f), "nat"}] && hasOwnChains(f) {
 			return BackendAuto
 		}
 	}
@@ -46,7 +32,12 @@ func autoChoice(families []Family) Backend {
 
 // hasOwnChains reports whether the iptables-nft nat table of family f holds one of detour's
 // chains; when it cannot tell, it says yes, which keeps the tools that can.
-func hasOwnChains(c *nftables.Conn, f Family) bool {
+func hasOwnChains(f Family) bool {
+	c, err := nftConn()
+	if err != nil {
+		return true
+	}
+	defer c.CloseLasting()
 	chains, err := c.ListChainsOfTableFamily(nftFamily(f))
 	if err != nil {
 		return true

@@ -254,11 +254,16 @@ func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family
 	}
 	defer unlock()
 	return nsutil.Do(nsPath, func() error {
-		if err := nftRemoveTable(); err != nil {
-			return fmt.Errorf("remove rules in %s: %w", nsPath, err)
+		// One dump answers for detour's table and both families' iptables-nft nat tables; a
+		// kernel that does not answer has no nf_tables rules to remove (its tools may still).
+		tables, listErr := nftTables()
+		if tables[detourTable] {
+			if err := nftDeleteTable(); err != nil {
+				return fmt.Errorf("remove rules in %s: %w", nsPath, err)
+			}
 		}
 		for _, f := range families {
-			if err := e.remove(ctx, f); err != nil {
+			if err := e.remove(ctx, f, tables, listErr); err != nil {
 				return fmt.Errorf("remove %s rules in %s: %w", f, nsPath, err)
 			}
 		}
@@ -272,21 +277,20 @@ func (e *Executor) Remove(ctx context.Context, nsPath string, families ...Family
 // which is one tool run in the usual case, and the table is read only when that fails. Without
 // the legacy tools the legacy table cannot be read, and nothing of detour's can be in it on a
 // node that never had them.
-func (e *Executor) remove(ctx context.Context, f Family) error {
+func (e *Executor) remove(ctx context.Context, f Family, tables map[nfTable]bool, listErr error) error {
 	for _, b := range []Backend{BackendNFT, BackendLegacy} {
 		var netlinkErr error
 		if b == BackendNFT {
-			exists, err := nftTableExists(f, "nat")
 			switch {
-			case err == nil && !exists:
+			case listErr == nil && !tables[nfTable{nftFamily(f), "nat"}]:
 				continue
-			case err == nil:
+			case listErr == nil:
 				if netlinkErr = nftRemove(f); netlinkErr == nil {
 					continue
 				}
 				netlinkErr = fmt.Errorf("over netlink: %w; then with the tools", netlinkErr)
 			}
-			// err != nil: the kernel does not answer nf_tables requests; its tools may.
+			// listErr != nil: the kernel does not answer nf_tables requests; its tools may.
 		} else if !natTableExists(b, f) {
 			continue
 		}

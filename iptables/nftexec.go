@@ -58,18 +58,41 @@ func nftApply(rs NFTRuleset) error {
 	return nil
 }
 
-// nftRemoveTable deletes detour's table, and so all its rules, in one transaction. A namespace
-// without the table, or a kernel that does not answer nf_tables requests, has nothing to delete:
-// every DEL calls it, whatever the backend.
-func nftRemoveTable() error {
+// nfTable names a nf_tables table in one family.
+type nfTable struct {
+	family nftables.TableFamily
+	name   string
+}
+
+// nftTables lists the nf_tables tables of every family in the calling thread's network
+// namespace with one netlink dump; an error means the kernel does not answer nf_tables requests.
+func nftTables() (map[nfTable]bool, error) {
 	c, err := nftConn()
 	if err != nil {
-		return nil
+		return nil, err
 	}
 	defer c.CloseLasting()
-	if _, err := c.ListTableOfFamily(NFTTable, nftables.TableFamilyINet); err != nil {
-		return nil
+	list, err := c.ListTables()
+	if err != nil {
+		return nil, fmt.Errorf("list the nf_tables tables: %w", err)
 	}
+	tables := make(map[nfTable]bool, len(list))
+	for _, t := range list {
+		tables[nfTable{t.Family, t.Name}] = true
+	}
+	return tables, nil
+}
+
+// detourTable is detour's own table in nftTables' answer.
+var detourTable = nfTable{nftables.TableFamilyINet, NFTTable}
+
+// nftDeleteTable deletes detour's table, and so all its rules, in one transaction.
+func nftDeleteTable() error {
+	c, err := nftConn()
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
 	c.DelTable(nftTableRef())
 	if err := c.Flush(); err != nil {
 		return fmt.Errorf("delete table inet %s over netlink: %w", NFTTable, err)

@@ -34,10 +34,12 @@ lint:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
 
-# A short run of every fuzz target (FUZZTIME each).
+# A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS),
+# ending with a table (docs/fuzzing.md).
 FUZZTIME ?= 10s
+FUZZPARALLEL ?=
 fuzz:
-	bash hack/fuzz.sh $(FUZZTIME)
+	bash hack/fuzz.sh $(FUZZTIME) $(FUZZPARALLEL)
 
 bench: bench-iptables bench-cni bench-webhook bench-e2e
 

@@ -3,20 +3,27 @@
 # table: package, target, fuzz time, executions, new interesting inputs, crash (with the failing
 # input's path). Exits nonzero if any target crashed or failed to run, after running them all.
 #
-#   hack/fuzz.sh [FUZZTIME [FUZZPARALLEL]]     (make fuzz FUZZTIME=2m FUZZPARALLEL=1)
+#   hack/fuzz.sh [FUZZTIME [FUZZPARALLEL [FUZZMINIMIZETIME]]]   (make fuzz FUZZTIME=2m FUZZPARALLEL=1)
 #
 # FUZZTIME defaults to 10s; FUZZPARALLEL (fuzz workers, go test -parallel) defaults to Go's
-# default, GOMAXPROCS.
+# default, GOMAXPROCS; FUZZMINIMIZETIME (go test -fuzzminimizetime, per new input) to Go's, 60s.
+# FUZZMATCH, in the environment, is an extended regular expression: only the targets whose
+# "package target" (e.g. "webhook FuzzDeepEqual") it matches run.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 root=$PWD
 fuzztime=${1:-10s}
 parallel=${2:-}
+minimize=${3:-}
+match=${FUZZMATCH:-}
 module=$(go list -m)
 
 parallelflag=()
 if [[ -n $parallel ]]; then
 	parallelflag=(-parallel "$parallel")
+fi
+if [[ -n $minimize ]]; then
+	parallelflag+=(-fuzzminimizetime "$minimize")
 fi
 
 logdir=$(mktemp -d "${TMPDIR:-/tmp}/detour-fuzz.XXXXXX")
@@ -27,8 +34,11 @@ for pkg in $(go list ./...); do
 	dir=$(go list -f '{{.Dir}}' "$pkg")
 	for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort); do
 		short=${pkg#"$module"/}
+		if [[ -n $match ]] && ! grep -Eq -- "$match" <<<"$short $target"; then
+			continue
+		fi
 		log="$logdir/${short//\//_}.$target.log"
-		echo "fuzz: $pkg $target ($fuzztime${parallel:+, -parallel $parallel})"
+		echo "fuzz: $pkg $target ($fuzztime${parallel:+, -parallel $parallel}${minimize:+, -fuzzminimizetime $minimize})"
 		go test "$pkg" -run '^$' -fuzz "^$target\$" -fuzztime "$fuzztime" "${parallelflag[@]}" 2>&1 | tee "$log"
 		rc=${PIPESTATUS[0]}
 		# The last progress line carries the totals:
@@ -53,7 +63,7 @@ done
 elapsed=$(( $(date +%s) - start ))
 
 echo
-echo "fuzz summary: go test -fuzz, -fuzztime $fuzztime${parallel:+, -parallel $parallel}, $(go version | cut -d' ' -f3), $(date -u +%Y-%m-%dT%H:%MZ), ${elapsed}s in all; logs in $logdir"
+echo "fuzz summary: go test -fuzz, -fuzztime $fuzztime${parallel:+, -parallel $parallel}${minimize:+, -fuzzminimizetime $minimize}, $(go version | cut -d' ' -f3), $(date -u +%Y-%m-%dT%H:%MZ), ${elapsed}s in all; logs in $logdir"
 echo
 echo "| package | target | fuzz time | executions | new interesting inputs | crash |"
 echo "|---|---|---|---|---|---|"

@@ -34,10 +34,15 @@ lint:
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
 
-# A short run of every fuzz target (FUZZTIME each).
+# A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS;
+# FUZZMINIMIZETIME per new input: empty means Go's 60s; FUZZMATCH selects "package target"s),
+# ending with a table (docs/fuzzing.md).
 FUZZTIME ?= 10s
+FUZZPARALLEL ?=
+FUZZMINIMIZETIME ?=
+FUZZMATCH ?=
 fuzz:
-	bash hack/fuzz.sh $(FUZZTIME)
+	FUZZMATCH='$(FUZZMATCH)' bash hack/fuzz.sh $(FUZZTIME) '$(FUZZPARALLEL)' $(FUZZMINIMIZETIME)
 
 bench: bench-iptables bench-cni bench-webhook bench-e2e
 

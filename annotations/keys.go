@@ -58,6 +58,13 @@ var WebhookKeys = []string{
 	ExemptUIDs, ExemptGIDs, ValidatorSentinels, InitEgressStatus,
 }
 
+// RecreateRequired is set by the repair controller on a bare pod whose validator found no
+// redirect, telling people to recreate it.
+const RecreateRequired = Prefix + "recreate-required"
+
+// userKeys are the keys users write, in the order of docs/annotations.md.
+var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode}
+
 // MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an
 // arbitrarily large ruleset.
 const MaxListItems = 64

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Error is a malformed annotation value: which annotation, which part of its value, and the
@@ -17,7 +18,26 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("annotation %s: %q is not valid: %s", e.Key, e.Value, e.Rule)
+	return fmt.Sprintf("annotation %s: %s is not valid: %s", e.Key, Quote(e.Value), e.Rule)
+}
+
+// maxQuoted is how much of a value a message repeats. The API server calls the webhook before
+// it checks the annotations' size, so a value can be as large as the request (a 1 MiB value
+// reached the webhook in the e2e story badinput); repeated whole, it would be all of
+// kubectl's output and a line of the webhook's log.
+const maxQuoted = 64
+
+// Quote quotes s for a message, as %q does, shortened to its first 64 bytes (and the number of
+// bytes in all) when it is longer.
+func Quote(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	cut := maxQuoted
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s (%d bytes in all)", strconv.Quote(s[:cut]+"…"), len(s))
 }
 
 func errorf(key, value, rule string, args ...any) error {

@@ -31,7 +31,7 @@ import (
 // RecreateAnnotation is set on a bare pod (no controller) whose validator found no redirect;
 // its value tells people to recreate the pod. The controller never deletes such a pod, and
 // acts on it only once: the annotation marks it done.
-const RecreateAnnotation = annotations.Prefix + "recreate-required"
+const RecreateAnnotation = annotations.RecreateRequired
 
 // EventReason is the reason of every Event the controller records, one per action.
 const EventReason = "DetourCNIRepair"

@@ -131,8 +131,19 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		}
 		reason = optInSkipReason(mode)
 	}
+	// A misspelt key is ignored like any annotation detour does not read; say so, or its
+	// setting (or the opt-in itself) silently does not apply.
+	var unknown []string
+	if s := annotations.Unknown(pod.Annotations); s != "" {
+		unknown = append(unknown, "detour: the pod's annotations "+s+" are not ones detour reads, so they have no effect; docs/annotations.md lists the keys")
+	}
+	if s := annotations.Unknown(in.NamespaceAnnotations); s != "" {
+		unknown = append(unknown, fmt.Sprintf("detour: the annotations %s of namespace %q are not ones detour reads, so they have no effect; docs/annotations.md lists the keys", s, namespace))
+	}
 	if reason != "" {
-		return skip(pod, reason), nil
+		res := skip(pod, reason)
+		res.Warnings = append(unknown, res.Warnings...)
+		return res, nil
 	}
 	s, err := u.parse(cfg)
 	if err != nil {
@@ -141,7 +152,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 
 	wasInjected := annotations.IsInjected(pod.Annotations)
 	removed := strip(pod)
-	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer}
+	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer, Warnings: unknown}
 	if !wasInjected {
 		for _, name := range removed {
 			res.Warnings = append(res.Warnings, fmt.Sprintf(

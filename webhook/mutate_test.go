@@ -409,6 +409,24 @@ func TestMutate(t *testing.T) {
 				noWarning: []string{"opt the namespace"}},
 		},
 		{
+			name: "a misspelt key is named with the key meant, on an injected pod",
+			pod:  newPod(annotate("detour.dev/skip-outbound-port", "5432")),
+			want: want{outcome: Injected, warnings: []string{
+				`the pod's annotations "detour.dev/skip-outbound-port" (did you mean detour.dev/skip-outbound-ports?) are not ones detour reads, so they have no effect`}},
+		},
+		{
+			name: "a misspelt opt-in on the namespace is named on the pod it did not opt in",
+			pod:  newPod(),
+			ns:   map[string]string{"detour.dev/injet": "enabled"},
+			want: want{outcome: Skipped, reason: SkipNotEnabled, warnings: []string{
+				`the annotations "detour.dev/injet" (did you mean detour.dev/inject?) of namespace "shop" are not ones detour reads`}},
+		},
+		{
+			name: "forged webhook keys and repair's key are known, not reported",
+			pod:  newPod(annotate(annotations.ExemptUIDs, "1000", annotations.RecreateRequired, "x")),
+			want: want{outcome: Injected, uids: ids(""), noWarning: []string{"not ones detour reads"}},
+		},
+		{
 			name: "an excluded namespace with a malformed inject value is skipped, not denied",
 			cfg:  "excludeNamespaces: [shop]",
 			pod:  newPod(),

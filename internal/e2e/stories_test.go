@@ -43,6 +43,7 @@ func TestE2E(t *testing.T) {
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
 		{"kubectl/warnings", kubectlWarnings},
+		{"badinput/kubectl-apply", badInput},
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"node/agent-follows-the-node", agentFollowsTheNode},
 		{"seed000/repair-after-the-node-broke", seed000Repair},

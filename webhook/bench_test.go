@@ -11,21 +11,8 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/detourmesh/detour/webhook/load"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
-
-func BenchmarkMutate(b *testing.B) {
-	cfg := testConfig(b, "")
-	pod := load.Pod()
-	in := Input{NamespaceAnnotations: optedIn}
-	b.ReportAllocs()
-	for b.Loop() {
-		p := pod.DeepCopy()
-		if _, err := Mutate(p, in, cfg); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
 
 // BenchmarkHandle is one whole admission as the server handles it: decode the request's pod,
 // mutate it, and compute the JSON patch (no TLS, no HTTP), with detour's typed-patch handler
@@ -39,7 +26,7 @@ func BenchmarkHandle(b *testing.B) {
 			useWithDefaulter = tc.cr
 			defer func() { useWithDefaulter = false }()
 			h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)
-			req := request(b, admissionv1.Create, podJSON(b, load.Pod()))
+			req := request(b, admissionv1.Create, podJSON(b, benchPod(b)))
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
@@ -52,21 +39,18 @@ func BenchmarkHandle(b *testing.B) {
 }
 
 // BenchmarkServeHTTP adds what the webhook server does around Handle: decode the
-// AdmissionReview, encode the response (no TLS, no network), with detour's reviewHandler (what
+// AdmissionReview, encode the response (no TLS, no network), with detour's fastpath.ReviewHandler (what
 // Run serves) and with controller-runtime's admission.Webhook alone for comparison.
 func BenchmarkServeHTTP(b *testing.B) {
 	wh := &admission.Webhook{
 		Handler:        NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil),
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base }, // as Run does
 	}
-	body, err := load.Review(load.Pod(), "shop")
-	if err != nil {
-		b.Fatal(err)
-	}
+	body := review(b, "admission.k8s.io/v1", benchPod(b))
 	for _, tc := range []struct {
 		name string
 		h    http.Handler
-	}{{"review-handler", &reviewHandler{wh: wh}}, {"controller-runtime", wh}} {
+	}{{"review-handler", &fastpath.ReviewHandler{Webhook: wh}}, {"controller-runtime", wh}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -15,6 +15,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // MutatePath is the URL path of the pod mutation; the Helm chart's MutatingWebhookConfiguration
@@ -39,7 +42,7 @@ func (f NamespaceLookupFunc) NamespaceAnnotations(ctx context.Context, name stri
 type report struct {
 	mu       sync.Mutex
 	warnings []string
-	result   *Result
+	result   *inject.Result
 }
 
 type reportKey struct{}
@@ -49,9 +52,9 @@ func reportFrom(ctx context.Context) *report {
 	return r
 }
 
-// defaulter is the typed defaulter of *corev1.Pod that applies [Mutate].
+// defaulter is the typed defaulter of *corev1.Pod that applies [inject.Mutate].
 type defaulter struct {
-	cfg        *Config
+	cfg        *inject.Config
 	namespaces NamespaceLookup
 	native     bool
 }
@@ -89,14 +92,14 @@ func (d *defaulter) Default(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return &internalError{fmt.Errorf("detour webhook: read namespace %q: %w", namespace, err)}
 	}
-	res, err := Mutate(pod, Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: d.native}, d.cfg)
+	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: d.native}, d.cfg)
 	if r := reportFrom(ctx); r != nil {
 		r.mu.Lock()
 		r.warnings = append(r.warnings, res.Warnings...)
 		r.result = &res
 		r.mu.Unlock()
 	}
-	if err != nil && !IsDenial(err) {
+	if err != nil && !inject.IsDenial(err) {
 		return &internalError{err}
 	}
 	return err
@@ -117,7 +120,7 @@ type Handler struct {
 
 // NewHandler returns the admission handler for cfg. native says whether the cluster runs
 // native sidecars; log may be nil.
-func NewHandler(cfg *Config, namespaces NamespaceLookup, native bool, log *slog.Logger) *Handler {
+func NewHandler(cfg *inject.Config, namespaces NamespaceLookup, native bool, log *slog.Logger) *Handler {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -145,7 +148,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if len(resp.Patches) > 0 {
 		// What admission.Response.Complete would do, with the same bytes, at half the cost.
 		// Should encoding fail, Patches stay for Complete to fail on.
-		if b, err := marshalPatch(resp.Patches); err == nil {
+		if b, err := fastpath.MarshalPatch(resp.Patches); err == nil {
 			pt := admissionv1.PatchTypeJSONPatch
 			resp.Patch, resp.PatchType, resp.Patches = b, &pt, nil
 		}
@@ -170,7 +173,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 			// does not say that the object was the problem.
 			resp.Result.Message = "detour webhook: the admission request does not hold a pod it can read: " + resp.Result.Message
 		}
-	case res != nil && res.Outcome == Injected:
+	case res != nil && res.Outcome == inject.Injected:
 		outcome = outcomeInjected
 	}
 	elapsed := time.Since(start)
@@ -211,10 +214,4 @@ func podName(req admission.Request) string {
 		return req.Name
 	}
 	return "(generated)"
-}
-
-// IsDenial reports whether err from [Mutate] is a denial of the pod rather than an internal error.
-func IsDenial(err error) bool {
-	var d *DenialError
-	return errors.As(err, &d)
 }

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/detourmesh/detour/inject"
 )
 
 // Admission outcomes, the values of the outcome label.
@@ -60,7 +62,7 @@ func defaultMetrics() *metrics {
 		for _, o := range []string{outcomeInjected, outcomeSkipped, outcomeDenied, outcomeError} {
 			m.admissions.WithLabelValues(o)
 		}
-		for _, v := range []Via{ViaUID, ViaGID, ViaProxyUID} {
+		for _, v := range []inject.Via{inject.ViaUID, inject.ViaGID, inject.ViaProxyUID} {
 			m.granted.WithLabelValues(string(v))
 		}
 		ctrlmetrics.Registry.MustRegister(m.admissions, m.duration, m.granted, m.refused, m.nsMisses)
@@ -69,7 +71,7 @@ func defaultMetrics() *metrics {
 	return theMetrics
 }
 
-func (m *metrics) observe(outcome string, d time.Duration, res *Result) {
+func (m *metrics) observe(outcome string, d time.Duration, res *inject.Result) {
 	m.admissions.WithLabelValues(outcome).Inc()
 	m.duration.WithLabelValues(outcome).Observe(d.Seconds())
 	if res == nil {
@@ -77,11 +79,11 @@ func (m *metrics) observe(outcome string, d time.Duration, res *Result) {
 	}
 	for _, d := range res.Decisions {
 		switch d.Via {
-		case ViaUID, ViaGID, ViaProxyUID:
+		case inject.ViaUID, inject.ViaGID, inject.ViaProxyUID:
 			if outcome == outcomeInjected {
 				m.granted.WithLabelValues(string(d.Via)).Inc()
 			}
-		case Refused:
+		case inject.Refused:
 			m.refused.Inc()
 		}
 	}

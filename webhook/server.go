@@ -31,12 +31,16 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook/certs"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // Options configure [Run]. Zero values take the defaults noted on each field.
 type Options struct {
 	// Config is the injection configuration (required).
-	Config *Config
+	Config *inject.Config
 	// RESTConfig reaches the API server (required).
 	RESTConfig *rest.Config
 	// Host and Port are where the webhook serves TLS (default all addresses, port 9443).
@@ -47,7 +51,7 @@ type Options struct {
 	CertDir, CertName, KeyName string
 	// CertSecret, when set, makes the webhook keep its own CA and serving certificate in this
 	// Secret of OwnNamespace, valid for ServiceName, and keep the caBundle of the
-	// MutatingWebhookConfiguration WebhookConfiguration current (see [Certificates]). Without
+	// MutatingWebhookConfiguration WebhookConfiguration current (see [certs.Certificates]). Without
 	// it, the certificate in CertDir comes from elsewhere (cert-manager, a mounted Secret).
 	CertSecret, ServiceName, WebhookConfiguration string
 	// MetricsAddr serves /metrics over HTTP (default ":8080"; "0" disables it).
@@ -150,11 +154,11 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("starting the detour webhook", "apiServer", serverVersion, "nativeSidecars", native,
 		"sidecarMode", cfg.SidecarMode, "conflictPolicy", cfg.ConflictPolicy, "initEgress", cfg.InitEgress.String(),
 		"gidRange", cfg.GIDRange.String(), "excludeNamespaces", cfg.ExcludeNamespaces)
-	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == SidecarNative || cfg.SidecarMode == SidecarAuto && native) {
+	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == inject.SidecarNative || cfg.SidecarMode == inject.SidecarAuto && native) {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
 
-	var certs *Certificates
+	var ca *certs.Certificates
 	if o.CertSecret != "" {
 		if o.OwnNamespace == "" || o.ServiceName == "" {
 			return errors.New("run webhook: a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
@@ -166,14 +170,14 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
-		certs = &Certificates{
+		ca = &certs.Certificates{
 			Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
 			WebhookConfiguration: o.WebhookConfiguration,
 			CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
 			Log: log.With("component", "certificates"),
 		}
 		// The server reads the files when it starts, so they must be there first.
-		if err := certs.Ensure(ctx); err != nil {
+		if err := ca.Ensure(ctx); err != nil {
 			return fmt.Errorf("run webhook: %w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
 		}
 	}
@@ -217,15 +221,15 @@ func Run(ctx context.Context, o Options) error {
 	m := defaultMetrics()
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
-	mgr.GetWebhookServer().Register(MutatePath, &reviewHandler{wh: &admission.Webhook{
+	mgr.GetWebhookServer().Register(MutatePath, &fastpath.ReviewHandler{Webhook: &admission.Webhook{
 		Handler: handler,
 		// The handler logs each admission itself; controller-runtime's per-request logger
 		// would only cost allocations.
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base },
 	}})
 
-	if certs != nil {
-		if err := mgr.Add(manager.RunnableFunc(certs.Run)); err != nil {
+	if ca != nil {
+		if err := mgr.Add(manager.RunnableFunc(ca.Run)); err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
 	}

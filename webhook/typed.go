@@ -12,14 +12,16 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	sigsjson "sigs.k8s.io/json"
+
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // podDefaulter serves a typed defaulter of *corev1.Pod (admission.Defaulter[*corev1.Pod]),
 // exactly as controller-runtime's admission.WithDefaulter does — decode, Default, answer a
 // denial for an error (a status error keeps its code), a JSON patch for a change — except
-// that the patch comes from [podPatch] rather than from diffing the whole documents, which
+// that the patch comes from [fastpath.Patch] rather than from diffing the whole documents, which
 // took most of an admission's time (see docs/benchmarks-webhook.md). Should a mutation ever
-// change more than podPatch handles, it falls back to the whole-document diff.
+// change more than fastpath.Patch handles, it falls back to the whole-document diff.
 type podDefaulter struct {
 	defaulter admission.Defaulter[*corev1.Pod]
 }
@@ -47,7 +49,7 @@ func (h *podDefaulter) Handle(ctx context.Context, req admission.Request) admiss
 		}
 		return admission.Denied(err.Error())
 	}
-	if ops, ok := podPatch(orig, pod, req.Object.Raw); ok {
+	if ops, ok := fastpath.Patch(orig, pod, req.Object.Raw); ok {
 		if len(ops) == 0 {
 			return admission.Allowed("")
 		}

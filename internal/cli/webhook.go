@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/webhook"
 )
 
@@ -40,7 +41,7 @@ names the field. See docs/webhook.md.`,
 			if err != nil {
 				return err
 			}
-			cfg, err := webhook.LoadConfig(configPath)
+			cfg, err := inject.LoadConfig(configPath)
 			if err != nil {
 				return fmt.Errorf("%w; the webhook does not start with an invalid configuration", err)
 			}
@@ -58,7 +59,7 @@ names the field. See docs/webhook.md.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&configPath, "config", webhook.DefaultConfigPath, "configuration file (YAML); see docs/webhook.md")
+	fl.StringVar(&configPath, "config", inject.DefaultConfigPath, "configuration file (YAML); see docs/webhook.md")
 	fl.StringVar(&o.CertDir, "cert-dir", "/etc/detour/webhook/tls", "directory of the serving certificate and key (watched for rotation)")
 	fl.StringVar(&o.CertName, "cert-name", "tls.crt", "certificate file name in --cert-dir")
 	fl.StringVar(&o.KeyName, "key-name", "tls.key", "key file name in --cert-dir")

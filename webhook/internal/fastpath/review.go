@@ -1,4 +1,4 @@
-package webhook
+package fastpath
 
 import (
 	"bytes"
@@ -12,11 +12,11 @@ import (
 	sigsjson "sigs.k8s.io/json"
 )
 
-// maxReviewSize is controller-runtime's limit on a request body (7 MiB: two objects of at most
+// MaxReviewSize is controller-runtime's limit on a request body (7 MiB: two objects of at most
 // 3 MiB and the rest). A larger body is left to it, for its answer.
-const maxReviewSize = 7 << 20
+const MaxReviewSize = 7 << 20
 
-// reviewHandler serves an admission.Webhook over HTTP as its ServeHTTP does, but decodes the
+// ReviewHandler serves an admission.Webhook over HTTP as its ServeHTTP does, but decodes the
 // AdmissionReview the API server sends in one pass. controller-runtime's ServeHTTP goes through
 // the universal deserializer, which decodes the whole body twice: first with case-insensitive
 // encoding/json only to read apiVersion and kind (about 6% of an admission's CPU,
@@ -30,22 +30,22 @@ const maxReviewSize = 7 << 20
 // ServeHTTP with the same bytes, so every answer to a bad request stays its own. (The fast path
 // leaves out only controller-runtime's V(5) trace lines, which detour's log levels never
 // enable.)
-type reviewHandler struct {
-	wh *admission.Webhook
+type ReviewHandler struct {
+	Webhook *admission.Webhook
 }
 
-func (h *reviewHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (h *ReviewHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Body == nil || r.Body == http.NoBody || r.Header.Get("Content-Type") != "application/json" {
-		h.wh.ServeHTTP(w, r)
+		h.Webhook.ServeHTTP(w, r)
 		return
 	}
 	defer r.Body.Close()
-	lr := &io.LimitedReader{R: r.Body, N: maxReviewSize}
+	lr := &io.LimitedReader{R: r.Body, N: MaxReviewSize}
 	body, err := readAll(lr, r.ContentLength)
 	if err != nil || lr.N <= 0 {
 		// What was read, then the rest: the same stream.
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
-		h.wh.ServeHTTP(w, r)
+		h.Webhook.ServeHTTP(w, r)
 		return
 	}
 	req := admission.Request{}
@@ -53,21 +53,21 @@ func (h *reviewHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(body, &review); err != nil ||
 		!fastReviewKind(review.APIVersion, review.Kind) || !plainTopLevelKeys(body) {
 		r.Body = readCloser{bytes.NewReader(body), r.Body}
-		h.wh.ServeHTTP(w, r)
+		h.Webhook.ServeHTTP(w, r)
 		return
 	}
 
 	ctx := r.Context()
-	if h.wh.WithContextFunc != nil {
-		ctx = h.wh.WithContextFunc(ctx, r)
+	if h.Webhook.WithContextFunc != nil {
+		ctx = h.Webhook.WithContextFunc(ctx, r)
 	}
-	resp := h.wh.Handle(ctx, req)
+	resp := h.Webhook.Handle(ctx, req)
 	// The response echoes the request's apiVersion and kind, as controller-runtime's does.
 	out := admissionv1.AdmissionReview{TypeMeta: review.TypeMeta, Response: &resp.AdmissionResponse}
 	if err := json.NewEncoder(w).Encode(out); err != nil {
 		log := ctrllog.Log.WithName("admission")
-		if h.wh.LogConstructor != nil {
-			log = h.wh.LogConstructor(log, nil)
+		if h.Webhook.LogConstructor != nil {
+			log = h.Webhook.LogConstructor(log, nil)
 		}
 		log.Error(err, "unable to encode and write the response")
 		// As controller-runtime: the connection is probably broken; try once more, with a 500.

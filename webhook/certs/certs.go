@@ -1,4 +1,7 @@
-package webhook
+// Package certs keeps the webhook's own certificate authority and serving certificate in a
+// Secret shared by the replicas, writes the serving pair for the server's certificate watcher
+// and keeps the MutatingWebhookConfiguration's caBundle current ([Certificates]).
+package certs
 
 import (
 	"bytes"
@@ -22,6 +25,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/detourmesh/detour/inject"
 )
 
 // Keys of the certificate Secret.
@@ -96,7 +101,7 @@ func (c *Certificates) Ensure(ctx context.Context) error {
 		switch {
 		case apierrors.IsNotFound(err):
 			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: c.SecretName, Namespace: c.Namespace,
-				Labels: map[string]string{PartOfLabel: PartOfValue}}, Type: corev1.SecretTypeOpaque}
+				Labels: map[string]string{inject.PartOfLabel: inject.PartOfValue}}, Type: corev1.SecretTypeOpaque}
 		case err != nil:
 			return fmt.Errorf("read secret %s/%s: %w", c.Namespace, c.SecretName, err)
 		}

@@ -78,7 +78,7 @@ func applyResponse(t testing.TB, raw []byte, resp admission.Response) *corev1.Po
 
 func TestHandler(t *testing.T) {
 	cfg := testConfig(t, "sidecarMode: container")
-	h := NewHandler(cfg, staticNamespaces(optedIn), false, nil)
+	h := NewHandler(cfg, staticNamespaces(optedIn), false)
 	ctx := context.Background()
 
 	t.Run("injects and returns the warnings", func(t *testing.T) {
@@ -125,7 +125,7 @@ func TestHandler(t *testing.T) {
 	})
 
 	t.Run("denies with the fix under deny", func(t *testing.T) {
-		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
+		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true)
 		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, testPod(nil, []corev1.Container{runAs("app", inject.DefaultProxyUID, -1)}, nil))))
 		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set its securityContext.runAsUser") {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
@@ -140,7 +140,7 @@ func TestHandler(t *testing.T) {
 		if _, err := inject.Mutate(injected, inject.Input{NamespaceAnnotations: optedIn}, cfg); err != nil {
 			t.Fatal(err)
 		}
-		h := NewHandler(cfg, staticNamespaces(map[string]string{}), false, nil)
+		h := NewHandler(cfg, staticNamespaces(map[string]string{}), false)
 		raw := podJSON(t, injected)
 		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
 		if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "removed its containers") {
@@ -172,7 +172,7 @@ func TestHandler(t *testing.T) {
 	t.Run("a namespace that cannot be read is an error, not a denial", func(t *testing.T) {
 		h := NewHandler(cfg, NamespaceLookupFunc(func(context.Context, string) (map[string]string, error) {
 			return nil, errors.New("connection refused")
-		}), false, nil)
+		}), false)
 		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, testPod(nil, nil, nil))))
 		if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, `read namespace "shop": connection refused`) {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
@@ -196,7 +196,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"annotations":{"detour.dev/sidecar-mode":"native"}}}`), true)
 	f.Add([]byte(`null`), false)
 	f.Fuzz(func(t *testing.T, raw []byte, native bool) {
-		h := NewHandler(cfg, staticNamespaces(optedIn), native, nil)
+		h := NewHandler(cfg, staticNamespaces(optedIn), native)
 		resp := h.Handle(context.Background(), request(t, admissionv1.Create, raw))
 		if !resp.Allowed {
 			if resp.Result == nil || resp.Result.Message == "" || resp.Result.Code < 400 || resp.Result.Code >= 500 {
@@ -212,13 +212,33 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("injected pod's annotations do not parse: %v", err)
 		}
 		// detour's typed patch yields the same pod as controller-runtime's whole-document diff.
-		useWithDefaulter = true
-		defer func() { useWithDefaulter = false }()
-		cr := NewHandler(cfg, staticNamespaces(optedIn), native, nil).Handle(context.Background(), request(t, admissionv1.Create, raw))
+		cr := withDefaulter(h).Handle(context.Background(), request(t, admissionv1.Create, raw))
 		if want := applyResponse(t, raw, cr); !equality.Semantic.DeepEqual(pod, want) {
 			t.Fatalf("the typed patch and the document diff disagree:\n%s", diffPods(t, want, pod))
 		}
 	})
+}
+
+// oracle is the handler's mutation as controller-runtime's typed defaulter: the fuzz test and
+// the benchmarks hold the handler to admission.WithDefaulter's answers.
+type oracle struct{ h *Handler }
+
+func (o oracle) Default(ctx context.Context, pod *corev1.Pod) error {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = o.h.mutate(ctx, req, pod)
+	return err
+}
+
+// withDefaulter serves h's mutation through admission.WithDefaulter.
+func withDefaulter(h *Handler) admission.Handler {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	return admission.WithDefaulter[*corev1.Pod](scheme, oracle{h}).Handler
 }
 
 func metaGVK(group, version, kind string) metav1.GroupVersionKind {

@@ -22,7 +22,7 @@ import (
 // webhookPair is the same Handler behind controller-runtime's ServeHTTP and behind
 // reviewHandler.
 func webhookPair(t testing.TB) (cr http.Handler, fast http.Handler) {
-	h := NewHandler(testConfig(t, "sidecarMode: container"), staticNamespaces(optedIn), false, nil)
+	h := NewHandler(testConfig(t, "sidecarMode: container"), staticNamespaces(optedIn), false)
 	logc := func(base logr.Logger, _ *admission.Request) logr.Logger { return base }
 	cr = &admission.Webhook{Handler: h, LogConstructor: logc}
 	return cr, &fastpath.ReviewHandler{Webhook: &admission.Webhook{Handler: h, LogConstructor: logc}}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -28,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -56,6 +58,9 @@ type Options struct {
 	CertSecret, ServiceName, WebhookConfiguration string
 	// MetricsAddr serves /metrics over HTTP (default ":8080"; "0" disables it).
 	MetricsAddr string
+	// Registry is where the webhook's metrics are registered (default controller-runtime's
+	// registry, the one the metrics endpoint serves).
+	Registry prometheus.Registerer
 	// HealthAddr serves /healthz and /readyz over HTTP (default ":8081").
 	HealthAddr string
 	// PprofAddr serves Go's net/http/pprof profiles; empty (the default) disables them.
@@ -218,9 +223,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("run webhook: watch namespaces: %w", err)
 	}
-	m := defaultMetrics()
+	reg := o.Registry
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
-	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
+	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m))
 	mgr.GetWebhookServer().Register(MutatePath, &fastpath.ReviewHandler{Webhook: &admission.Webhook{
 		Handler: handler,
 		// The handler logs each admission itself; controller-runtime's per-request logger

@@ -20,7 +20,14 @@ const MaxReviewSize = 7 << 20
 // AdmissionReview the API server sends in one pass. controller-runtime's ServeHTTP goes through
 // the universal deserializer, which decodes the whole body twice: first with case-insensitive
 // encoding/json only to read apiVersion and kind (about 6% of an admission's CPU,
-// docs/benchmarks-webhook.md). The fast path decodes with the same case-sensitive decoder
+// docs/benchmarks-webhook.md).
+//
+// It stays because it still earns its keep: measured again once the typed patch had made the
+// rest of an admission cheap (BenchmarkServeHTTP of package webhook, CPU time of 4,000
+// requests, ten runs of each, 2026-12-03), an admission through it took 320–386 µs of CPU
+// against 355–450 µs through controller-runtime's ServeHTTP (10–14% less), 674 allocations
+// and 74 KB against 695 and 79 KB; it costs one scanner of top-level keys, and the tests hold
+// every answer to controller-runtime's byte for byte. The fast path decodes with the same case-sensitive decoder
 // as that deserializer into the same type, and takes the request only when that second read
 // would find exactly what the first did: a v1 or v1beta1 AdmissionReview whose top-level keys
 // are plain ASCII and none a case variant of apiVersion or kind. The request is then handled by

@@ -213,8 +213,8 @@ func (f Flags) Parse() (Config, error) {
 
 // entryFlags are the flags that set each key of the plugin's entry, for errors.
 var entryFlags = map[string]string{
-	"apiTimeout": "--api-timeout", "iptablesBackend": "--iptables-backend", "logLevel": "--log-level",
-	"logFile": "--log-file", "excludeNamespaces": "--exclude-namespaces", "ipv6": "--ipv6",
+	"apiTimeout": "--api-timeout", "iptablesBackend": "--iptables-backend", "logLevel": "--plugin-log-level",
+	"logFile": "--plugin-log-file", "excludeNamespaces": "--exclude-namespaces", "ipv6": "--ipv6",
 }
 
 // entry is detour's conflist entry for the plugin's flags, checked by the plugin's own parser

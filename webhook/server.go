@@ -23,11 +23,9 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -70,8 +68,9 @@ type Options struct {
 	EnableHTTP2 bool
 	// OwnNamespace is detour's namespace; its pods are never injected.
 	OwnNamespace string
-	// Logger receives structured logs (default discard); controller-runtime's and client-go's
-	// logs are bridged to it.
+	// Logger receives the webhook's structured logs and its manager's (default discard).
+	// controller-runtime's and client-go's global loggers are the process's to set (`detour
+	// webhook` bridges them to the same logger).
 	Logger *slog.Logger
 }
 
@@ -145,8 +144,6 @@ func Run(ctx context.Context, o Options) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	logger := logr.FromSlogHandler(log.Handler())
-	ctrllog.SetLogger(logger)
-	klog.SetLogger(logger)
 
 	serverVersion, native, err := ServerVersion(o.RESTConfig)
 	if err != nil {

@@ -198,7 +198,7 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 	nd.agentLog = filepath.Join(d.work, "install-cni.log")
 	nd.agentArgs = []string{"--cni-conf-dir", nd.confDir, "--host-cni-conf-dir", nd.confDir, "--cni-bin-dir", nd.binDir,
 		"--plugin-source", d.DetourCNI, "--service-account-dir", saDir, "--api-server", d.cfg.Host,
-		"--node-name", nodeName, "--kubeconfig", d.kubeconfig, "--resync-interval", "1s", "--health-addr", "127.0.0.1:0"}
+		"--node-name", nodeName, "--kubeconfig", d.kubeconfig, "--resync-interval", "1s", "--health-probe-bind-address", "127.0.0.1:0"}
 	d.onCleanup(func() {
 		// Also after an interruption: leave nothing of detour's in the demo's CNI directories.
 		_ = exec.Command(d.Detour, append([]string{"install-cni", "--uninstall"}, nd.agentArgs...)...).Run()

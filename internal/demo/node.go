@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/netlab"
 	"github.com/detourmesh/detour/internal/origdst"
 	"github.com/detourmesh/detour/iptables"
@@ -547,21 +548,10 @@ func containerNamed(cs []corev1.Container, name string) *corev1.Container {
 // pod's; explicit is false when the UID is left to the image (the GID may still be set: a
 // dedicated GID keeps the image's user).
 func containerIdentity(pod *corev1.Pod, c corev1.Container) (id netlab.Identity, explicit bool) {
-	var uid, gid *int64
-	if psc := pod.Spec.SecurityContext; psc != nil {
-		uid, gid = psc.RunAsUser, psc.RunAsGroup
-	}
-	if sc := c.SecurityContext; sc != nil {
-		if sc.RunAsUser != nil {
-			uid = sc.RunAsUser
-		}
-		if sc.RunAsGroup != nil {
-			gid = sc.RunAsGroup
-		}
-	}
-	if gid != nil {
+	if gid := inject.EffectiveGID(pod, &c); gid != nil {
 		id.GID = uint32(*gid)
 	}
+	uid := inject.EffectiveUID(pod, &c)
 	if uid == nil {
 		return id, false
 	}

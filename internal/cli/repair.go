@@ -50,7 +50,10 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			ctrl := repair.New(client, cfg, repair.WithLogger(log), repair.WithMetrics(repair.NewMetrics(reg)))
+			ctrl, err := repair.New(client, cfg, repair.WithLogger(log), repair.WithMetrics(repair.NewMetrics(reg)))
+			if err != nil {
+				return err
+			}
 			endpoints := []endpoint{{metricsAddr, ctrl.Handler(reg)}}
 			if healthAddr != metricsAddr {
 				endpoints = []endpoint{{metricsAddr, repair.MetricsHandler(reg)}, {healthAddr, ctrl.HealthHandler()}}

@@ -160,61 +160,13 @@ func Run(ctx context.Context, o Options) error {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
 
-	var ca *certs.Certificates
-	if o.CertSecret != "" {
-		if o.OwnNamespace == "" || o.ServiceName == "" {
-			return errors.New("run webhook: a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
-		}
-		if err := os.MkdirAll(o.CertDir, 0o700); err != nil {
-			return fmt.Errorf("run webhook: %w", err)
-		}
-		cs, err := kubernetes.NewForConfig(o.RESTConfig)
-		if err != nil {
-			return fmt.Errorf("run webhook: %w", err)
-		}
-		ca = &certs.Certificates{
-			Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
-			WebhookConfiguration: o.WebhookConfiguration,
-			CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
-			Log: log.With("component", "certificates"),
-		}
-		// The server reads the files when it starts, so they must be there first.
-		if err := ca.Ensure(ctx); err != nil {
-			return fmt.Errorf("run webhook: %w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
-		}
-	}
-
-	metricsAddr := o.MetricsAddr
-	if metricsAddr == "" {
-		metricsAddr = ":8080"
-	}
-	healthAddr := o.HealthAddr
-	if healthAddr == "" {
-		healthAddr = ":8081"
-	}
-	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
-		c.MinVersion = tls.VersionTLS12
-		if !o.EnableHTTP2 {
-			c.NextProtos = []string{"http/1.1"}
-		}
-	}}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
+	ca, err := o.certificates(ctx, log)
+	if err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
-	mgr, err := manager.New(o.RESTConfig, manager.Options{
-		Scheme:                 scheme,
-		Logger:                 logger,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: healthAddr,
-		PprofBindAddress:       o.PprofAddr,
-		WebhookServer: crwebhook.NewServer(crwebhook.Options{
-			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
-		}),
-		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-	})
+	mgr, err := o.newManager(logger)
 	if err != nil {
-		return fmt.Errorf("run webhook: create the manager: %w", err)
+		return fmt.Errorf("run webhook: %w", err)
 	}
 	informer, err := mgr.GetCache().GetInformer(ctx, namespaceMeta())
 	if err != nil {
@@ -260,4 +212,71 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	return nil
+}
+
+// certificates sets up the self-managed certificates when o asks for them (else nil), and
+// writes the serving files: the server reads them when it starts, so they must be there first.
+func (o Options) certificates(ctx context.Context, log *slog.Logger) (*certs.Certificates, error) {
+	if o.CertSecret == "" {
+		return nil, nil
+	}
+	if o.OwnNamespace == "" || o.ServiceName == "" {
+		return nil, errors.New("a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
+	}
+	if err := os.MkdirAll(o.CertDir, 0o700); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(o.RESTConfig)
+	if err != nil {
+		return nil, err
+	}
+	ca := &certs.Certificates{
+		Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
+		WebhookConfiguration: o.WebhookConfiguration,
+		CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
+		Log: log.With("component", "certificates"),
+	}
+	// The server reads the files when it starts, so they must be there first.
+	if err := ca.Ensure(ctx); err != nil {
+		return nil, fmt.Errorf("%w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
+	}
+	return ca, nil
+}
+
+// newManager is the controller-runtime manager of the webhook server: TLS 1.2 or later,
+// HTTP/1.1 unless o enables HTTP/2, metrics, probes, and a cache without managed fields.
+func (o Options) newManager(logger logr.Logger) (manager.Manager, error) {
+	metricsAddr := o.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = ":8080"
+	}
+	healthAddr := o.HealthAddr
+	if healthAddr == "" {
+		healthAddr = ":8081"
+	}
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		if !o.EnableHTTP2 {
+			c.NextProtos = []string{"http/1.1"}
+		}
+	}}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	mgr, err := manager.New(o.RESTConfig, manager.Options{
+		Scheme:                 scheme,
+		Logger:                 logger,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: healthAddr,
+		PprofBindAddress:       o.PprofAddr,
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
+		}),
+		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create the manager: %w", err)
+	}
+	return mgr, nil
 }

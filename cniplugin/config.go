@@ -58,16 +58,42 @@ type Config struct {
 	PodAnnotations map[string]string
 }
 
-// rawConfig is the JSON form; unknown keys are ignored (runtimes add their own).
-type rawConfig struct {
-	Kubeconfig        string    `json:"kubeconfig"`
-	APITimeout        string    `json:"apiTimeout"`
-	IPTablesBackend   string    `json:"iptablesBackend"`
-	LogLevel          string    `json:"logLevel"`
-	LogFile           string    `json:"logFile"`
+// Entry is detour's entry in a conflist, in its JSON form: the keys [ParseConfig] reads. The
+// node agent writes it with [Entry.Marshal], so the writer and the reader share one schema and
+// one validation. Unset keys take the plugin's defaults.
+type Entry struct {
+	Type            string `json:"type"`
+	Name            string `json:"name"`
+	Kubeconfig      string `json:"kubeconfig"`
+	APITimeout      string `json:"apiTimeout"`
+	IPTablesBackend string `json:"iptablesBackend"`
+	LogLevel        string `json:"logLevel"`
+	LogFile         string `json:"logFile,omitempty"`
+	// ExcludeNamespaces: nil (absent) means [DefaultExcludeNamespaces], an empty list none.
 	ExcludeNamespaces *[]string `json:"excludeNamespaces"`
-	IPv6              string    `json:"ipv6"`
-	RuntimeConfig     struct {
+	// IPv6 is written only when it is not the default, [IPv6Auto].
+	IPv6         string          `json:"ipv6,omitempty"`
+	Capabilities map[string]bool `json:"capabilities,omitempty"`
+}
+
+// Marshal returns the entry as JSON, after checking that [ParseConfig] accepts it: an entry the
+// plugin would refuse is never written. The error is a [*ConfigError].
+func (e Entry) Marshal() ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode the %s entry: %w", PluginType, err)
+	}
+	if _, err := ParseConfig(b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// rawConfig is the JSON form of the plugin's stdin: its entry and what the runtime adds.
+// Unknown keys are ignored (runtimes add their own).
+type rawConfig struct {
+	Entry
+	RuntimeConfig struct {
 		PodAnnotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
 	} `json:"runtimeConfig"`
 }
@@ -142,8 +168,18 @@ func (c *Config) parsePrevResult(cmd string) error {
 	return nil
 }
 
+// ConfigError is an invalid key of detour's entry.
+type ConfigError struct {
+	// Key is the entry's key, Value the value found, and Rule what a valid one looks like.
+	Key, Value, Rule string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("%s network configuration: %s %q is not valid: it %s", PluginType, e.Key, e.Value, e.Rule)
+}
+
 func configError(key, value, rule string) error {
-	return fmt.Errorf("%s network configuration: %s %q is not valid: it %s", PluginType, key, value, rule)
+	return &ConfigError{Key: key, Value: value, Rule: rule}
 }
 
 func isNamespaceName(s string) bool {

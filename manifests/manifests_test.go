@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/cli"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/webhook"
@@ -139,7 +140,7 @@ func TestHelmLintAndTemplate(t *testing.T) {
 			// The webhook's configuration in the ConfigMap is one the real webhook accepts.
 			var cm corev1.ConfigMap
 			find(t, objs, "ConfigMap", "detour-webhook", &cm)
-			if _, err := webhook.ParseConfig([]byte(cm.Data["config.yaml"])); err != nil {
+			if _, err := inject.ParseConfig([]byte(cm.Data["config.yaml"])); err != nil {
 				t.Errorf("the chart's webhook configuration is rejected by the webhook: %v\n%s", err, cm.Data["config.yaml"])
 			}
 
@@ -239,7 +240,7 @@ func TestProxyImageRequired(t *testing.T) {
 	}
 	var cm corev1.ConfigMap
 	find(t, objects(t, renderRaw(t, []string{"renderBundle=true"})), "ConfigMap", "detour-webhook", &cm)
-	if _, err := webhook.ParseConfig([]byte(cm.Data["config.yaml"])); err == nil || !strings.Contains(err.Error(), "proxy.image") {
+	if _, err := inject.ParseConfig([]byte(cm.Data["config.yaml"])); err == nil || !strings.Contains(err.Error(), "proxy.image") {
 		t.Errorf("the bundle's webhook configuration without a proxy image: %v", err)
 	}
 }

@@ -2,13 +2,13 @@ package nodeagent
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,7 +27,7 @@ const (
 	DefaultTokenName         = "detour-cni.token"
 	DefaultServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 	DefaultResync            = 10 * time.Second
-	DefaultAPITimeout        = 5 * time.Second
+	DefaultAPITimeout        = cniplugin.DefaultAPITimeout
 	// DefaultPluginTokenTTL is the lifetime requested for the plugin's token (TokenRequest
 	// expirationSeconds); MinPluginTokenTTL is the API server's minimum and MaxPluginTokenTTL
 	// the longest the agent asks for.
@@ -97,8 +97,8 @@ func DefaultFlags() Flags {
 		APITimeout:        DefaultAPITimeout,
 		IPTablesBackend:   "auto",
 		LogLevel:          "info",
-		ExcludeNamespaces: []string{"kube-system"},
-		IPv6:              "auto",
+		ExcludeNamespaces: slices.Clone(cniplugin.DefaultExcludeNamespaces),
+		IPv6:              cniplugin.IPv6Auto,
 		NodeName:          os.Getenv("NODE_NAME"),
 		StartupTaint:      annotations.CNINotReadyTaint,
 		Resync:            DefaultResync,
@@ -128,20 +128,6 @@ type Config struct {
 	Resync       time.Duration
 	// Mode is the --cni-config-mode setting; the agent decides ModeAuto on the node.
 	Mode Mode
-}
-
-// entry is detour's conflist entry; the plugin (cniplugin.ParseConfig) reads these keys.
-type entry struct {
-	Type              string          `json:"type"`
-	Name              string          `json:"name"`
-	Kubeconfig        string          `json:"kubeconfig"`
-	APITimeout        string          `json:"apiTimeout"`
-	IPTablesBackend   string          `json:"iptablesBackend"`
-	LogLevel          string          `json:"logLevel"`
-	LogFile           string          `json:"logFile,omitempty"`
-	ExcludeNamespaces []string        `json:"excludeNamespaces"`
-	IPv6              string          `json:"ipv6,omitempty"`
-	Capabilities      map[string]bool `json:"capabilities"`
 }
 
 // PodAnnotationsCapability is the capability through which the runtime passes a pod's
@@ -204,50 +190,7 @@ func (f Flags) Parse() (Config, error) {
 		return c, err
 	}
 
-	if f.APITimeout < 100*time.Millisecond || f.APITimeout > 2*time.Minute {
-		return c, flagError("--api-timeout", f.APITimeout.String(), "must be from 100ms to 2m0s, such as 5s")
-	}
-	switch f.IPTablesBackend {
-	case "auto", "legacy", "nft", "nftables":
-	default:
-		return c, flagError("--iptables-backend", f.IPTablesBackend, `must be "auto", "legacy", "nft" or "nftables"`)
-	}
-	switch f.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return c, flagError("--log-level", f.LogLevel, `must be "debug", "info", "warn" or "error"`)
-	}
-	if f.LogFile != "" && !filepath.IsAbs(f.LogFile) {
-		return c, flagError("--log-file", f.LogFile, "must be an absolute path on the host, or empty to log to the runtime")
-	}
-	ipv6 := ""
-	switch f.IPv6 {
-	case "auto":
-	case "always":
-		ipv6 = f.IPv6
-	default:
-		return c, flagError("--ipv6", f.IPv6, `must be "auto" (IPv6 rules when the pod has an IPv6 address) or "always"`)
-	}
-	exclude := []string{}
-	for _, ns := range f.ExcludeNamespaces {
-		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return c, flagError("--exclude-namespaces", ns, "must list namespace names: "+strings.Join(errs, "; "))
-		}
-		exclude = append(exclude, ns)
-	}
-	c.Entry, err = json.Marshal(entry{
-		Type:              PluginType,
-		Name:              PluginType,
-		Kubeconfig:        c.HostKubeconfigPath,
-		APITimeout:        f.APITimeout.String(),
-		IPTablesBackend:   f.IPTablesBackend,
-		LogLevel:          f.LogLevel,
-		LogFile:           f.LogFile,
-		ExcludeNamespaces: exclude,
-		IPv6:              ipv6,
-		Capabilities:      map[string]bool{PodAnnotationsCapability: true},
-	})
-	if err != nil {
+	if c.Entry, err = f.entry(c.HostKubeconfigPath); err != nil {
 		return c, err
 	}
 
@@ -266,6 +209,38 @@ func (f Flags) Parse() (Config, error) {
 		return c, flagError("--resync-interval", f.Resync.String(), "must be from 1s to 1h0m0s, such as 10s")
 	}
 	return c, nil
+}
+
+// entryFlags are the flags that set each key of the plugin's entry, for errors.
+var entryFlags = map[string]string{
+	"apiTimeout": "--api-timeout", "iptablesBackend": "--iptables-backend", "logLevel": "--plugin-log-level",
+	"logFile": "--plugin-log-file", "excludeNamespaces": "--exclude-namespaces", "ipv6": "--ipv6",
+}
+
+// entry is detour's conflist entry for the plugin's flags, checked by the plugin's own parser
+// (cniplugin.Entry.Marshal). Its errors name the flag.
+func (f Flags) entry(kubeconfig string) ([]byte, error) {
+	exclude := append([]string{}, f.ExcludeNamespaces...) // [], not absent: none, not the default
+	ipv6 := f.IPv6
+	if ipv6 == cniplugin.IPv6Auto {
+		ipv6 = "" // the plugin's default: the key is written only for "always"
+	}
+	b, err := cniplugin.Entry{
+		Type:              PluginType,
+		Name:              PluginType,
+		Kubeconfig:        kubeconfig,
+		APITimeout:        f.APITimeout.String(),
+		IPTablesBackend:   f.IPTablesBackend,
+		LogLevel:          f.LogLevel,
+		LogFile:           f.LogFile,
+		ExcludeNamespaces: &exclude,
+		IPv6:              ipv6,
+		Capabilities:      map[string]bool{PodAnnotationsCapability: true},
+	}.Marshal()
+	if ce, ok := errors.AsType[*cniplugin.ConfigError](err); ok && entryFlags[ce.Key] != "" {
+		return nil, flagError(entryFlags[ce.Key], ce.Value, ce.Rule)
+	}
+	return b, err
 }
 
 // parsePluginServiceAccount sets the plugin's service account, its namespace (read from the

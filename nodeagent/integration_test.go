@@ -141,8 +141,8 @@ func TestIntegrationInstallCNICommand(t *testing.T) {
 	args := []string{"install-cni",
 		"--cni-conf-dir=" + e.confDir, "--host-cni-conf-dir=" + e.confDir, "--cni-bin-dir=" + e.binDir,
 		"--plugin-source=" + e.source, "--service-account-dir=" + e.saDir, "--api-server=https://10.96.0.1:443",
-		"--node-name=" + node.Name, "--kubeconfig=" + testenv.Kubeconfig(t, cfg), "--health-addr=" + addr,
-		"--exclude-namespaces=kube-system,istio-system", "--log-level=debug", "--resync-interval=2s",
+		"--node-name=" + node.Name, "--kubeconfig=" + testenv.Kubeconfig(t, cfg), "--health-probe-bind-address=" + addr,
+		"--exclude-namespaces=kube-system,istio-system", "--plugin-log-level=debug", "--resync-interval=2s",
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

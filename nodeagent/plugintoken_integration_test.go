@@ -274,7 +274,7 @@ func TestIntegrationInstallCNIPluginServiceAccountCommand(t *testing.T) {
 		cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "detour", "install-cni",
 			"--cni-conf-dir="+e.confDir, "--host-cni-conf-dir="+e.confDir, "--cni-bin-dir="+e.binDir,
 			"--plugin-source="+e.source, "--service-account-dir="+e.saDir, "--api-server="+f.cfg.Host,
-			"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, &rest.Config{Host: f.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: f.cfg.CAData}, BearerTokenFile: filepath.Join(e.saDir, "token")}), "--health-addr="+addr,
+			"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, &rest.Config{Host: f.cfg.Host, TLSClientConfig: rest.TLSClientConfig{CAData: f.cfg.CAData}, BearerTokenFile: filepath.Join(e.saDir, "token")}), "--health-probe-bind-address="+addr,
 			"--plugin-service-account=detour-cni", "--plugin-token-ttl=10m")
 		var stderr strings.Builder
 		cmd.Stderr = &stderr
@@ -369,7 +369,8 @@ func TestIntegrationInstallCNIUninstallHold(t *testing.T) {
 	cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "detour", "install-cni", "--uninstall", "--hold",
 		"--cni-conf-dir="+e.confDir, "--host-cni-conf-dir="+e.confDir, "--cni-bin-dir="+e.binDir,
 		"--plugin-source="+e.source, "--service-account-dir="+e.saDir, "--api-server=https://10.96.0.1:443",
-		"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, cfg), "--health-addr="+addr)
+		"--node-name="+node.Name, "--kubeconfig="+testenv.Kubeconfig(t, cfg),
+		"--health-addr="+addr) // the deprecated name of --health-probe-bind-address still works
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {

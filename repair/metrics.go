@@ -93,6 +93,26 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (c *Controller) Handler(gatherer prometheus.Gatherer) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	c.addHealth(mux)
+	return mux
+}
+
+// MetricsHandler serves /metrics from gatherer alone, for a metrics address apart from the
+// probes'.
+func MetricsHandler(gatherer prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// HealthHandler serves /healthz and /readyz alone, for a probe address apart from the metrics'.
+func (c *Controller) HealthHandler() http.Handler {
+	mux := http.NewServeMux()
+	c.addHealth(mux)
+	return mux
+}
+
+func (c *Controller) addHealth(mux *http.ServeMux) {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !c.HasSynced() {
@@ -102,5 +122,4 @@ func (c *Controller) Handler(gatherer prometheus.Gatherer) http.Handler {
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	return mux
 }

@@ -190,7 +190,7 @@ type ownerState struct {
 
 // New returns a Controller for cfg's node. Its cache holds only that node's pods: the list and
 // watch carry the field selector spec.nodeName=<node>.
-func New(client kubernetes.Interface, cfg Config, opts ...Option) *Controller {
+func New(client kubernetes.Interface, cfg Config, opts ...Option) (*Controller, error) {
 	c := &Controller{
 		client:  client,
 		cfg:     cfg,
@@ -213,19 +213,23 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) *Controller {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + cfg.NodeName }))
 	podInformer := c.factory.Core().V1().Pods()
 	inf := podInformer.Informer()
-	_ = inf.SetTransform(func(obj any) (any, error) {
+	if err := inf.SetTransform(func(obj any) (any, error) {
 		if pod, ok := obj.(*corev1.Pod); ok {
 			pod.ManagedFields = nil
 		}
 		return obj, nil
-	})
-	_, _ = inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	}); err != nil {
+		return nil, fmt.Errorf("set up the pod informer: %w", err)
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    c.enqueue,
 		UpdateFunc: func(_, obj any) { c.enqueue(obj) },
 		DeleteFunc: c.forget,
-	})
+	}); err != nil {
+		return nil, fmt.Errorf("watch the node's pods: %w", err)
+	}
 	c.pods, c.synced = podInformer.Lister(), inf.HasSynced
-	return c
+	return c, nil
 }
 
 func (c *Controller) enqueue(obj any) {

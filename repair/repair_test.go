@@ -156,7 +156,10 @@ func newFixture(t *testing.T, flags Flags, nodeReady bool, pods ...*corev1.Pod) 
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	c := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(reg)))
+	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(reg)))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c.factory.Start(ctx.Done())
@@ -364,7 +367,10 @@ func TestRun(t *testing.T) {
 	flags := DefaultFlags()
 	flags.NodeName = "node-1"
 	cfg, _ := flags.Parse()
-	c := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -538,7 +544,10 @@ func TestOwnerBackoffSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := New(f.client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(prometheus.NewRegistry())))
+	c, err := New(f.client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))), WithMetrics(NewMetrics(prometheus.NewRegistry())))
+	if err != nil {
+		t.Fatal(err)
+	}
 	c.now = func() time.Time { return now }
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

@@ -268,7 +268,10 @@ func TestIntegrationSeed000(t *testing.T) {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	ctrl := repair.New(client, rcfg, repair.WithMetrics(repair.NewMetrics(reg)), repair.WithLogger(logger))
+	ctrl, err := repair.New(client, rcfg, repair.WithMetrics(repair.NewMetrics(reg)), repair.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() { done <- ctrl.Run(ctx) }()
 	defer func() {

@@ -39,16 +39,20 @@ const (
 	maxTimeout       = 5 * time.Minute
 )
 
+// DeprecatedIPv6 are the --ipv6 values of earlier releases, still accepted, and what they mean
+// now: detour says auto, always and never wherever it has an IPv6 setting.
+var DeprecatedIPv6 = map[string]IPv6Mode{"on": IPv6Always, "off": IPv6Never}
+
 // IPv6Mode says whether the IPv6 redirect is checked too.
 type IPv6Mode string
 
 const (
 	// IPv6Auto checks IPv6 when the pod has a global IPv6 address.
 	IPv6Auto IPv6Mode = "auto"
-	// IPv6On always checks IPv6.
-	IPv6On IPv6Mode = "on"
-	// IPv6Off never checks IPv6.
-	IPv6Off IPv6Mode = "off"
+	// IPv6Always always checks IPv6.
+	IPv6Always IPv6Mode = "always"
+	// IPv6Never never checks IPv6.
+	IPv6Never IPv6Mode = "never"
 )
 
 // Flags are the raw command-line values; [Flags.Parse] turns them into a Config.
@@ -104,10 +108,12 @@ func (f Flags) Parse() (Config, error) {
 	}
 	c.Timeout = f.Timeout
 	switch m := IPv6Mode(f.IPv6); m {
-	case IPv6Auto, IPv6On, IPv6Off:
+	case IPv6Auto, IPv6Always, IPv6Never:
 		c.IPv6 = m
+	case "on", "off":
+		c.IPv6 = DeprecatedIPv6[f.IPv6]
 	default:
-		return c, usageError("--ipv6", f.IPv6, `must be "auto" (check IPv6 when the pod has a global IPv6 address), "on" or "off"`)
+		return c, usageError("--ipv6", f.IPv6, `must be "auto" (check IPv6 when the pod has a global IPv6 address), "always" or "never"`)
 	}
 	return c, nil
 }

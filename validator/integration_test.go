@@ -14,11 +14,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/cli"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/validator"
-	"github.com/detourmesh/detour/webhook"
 )
 
 func TestMain(m *testing.M) {
@@ -213,7 +213,7 @@ func TestIntegrationValidatorNoRoute(t *testing.T) {
 // and the plugin redirects it ahead of the skip lists. The injected validator's own command
 // runs against the injected pod's own rules; without the sentinels the same rules fail it.
 func TestIntegrationValidatorPassesWhateverTheSkipLists(t *testing.T) {
-	cfg, err := webhook.ParseConfig([]byte("proxy: {image: proxy:test}\nsidecarMode: container\nvalidator: {timeout: 1s}"))
+	cfg, err := inject.ParseConfig([]byte("proxy: {image: proxy:test}\nsidecarMode: container\nvalidator: {timeout: 1s}"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestIntegrationValidatorPassesWhateverTheSkipLists(t *testing.T) {
 		}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
 	}
-	if _, err := webhook.Mutate(pod, webhook.Input{}, cfg); err != nil {
+	if _, err := inject.Mutate(pod, inject.Input{}, cfg); err != nil {
 		t.Fatal(err)
 	}
 	r, err := annotations.ParseRedirect(pod.Annotations)

@@ -157,10 +157,10 @@ func (v *Validator) families(res *Result) ([]family, error) {
 	if err != nil {
 		return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv4 (%v)", err)}
 	}
-	check6 := v.cfg.IPv6 == IPv6On
+	check6 := v.cfg.IPv6 == IPv6Always
 	if v.cfg.IPv6 == IPv6Auto {
 		if check6, err = v.hasIPv6(); err != nil {
-			return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv6 (%v): set --ipv6=on or --ipv6=off", err)}
+			return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot tell whether the pod has IPv6 (%v): set --ipv6=always or --ipv6=never", err)}
 		}
 	}
 	var families []family
@@ -184,7 +184,7 @@ func (v *Validator) families(res *Result) ([]family, error) {
 	}
 	if len(routed) == 0 {
 		return nil, &Error{Code: ExitNoRoute, Msg: fmt.Sprintf(
-			"nothing to check the redirect with: %s; a connection the pod cannot route never reaches the redirect, so this is not a missing redirect — set the validator's sentinel (and sentinel6) to addresses this pod routes (webhook config validator.sentinel), or --ipv6=off for a pod without IPv6",
+			"nothing to check the redirect with: %s; a connection the pod cannot route never reaches the redirect, so this is not a missing redirect — set the validator's sentinel (and sentinel6) to addresses this pod routes (webhook config validator.sentinel), or --ipv6=never for a pod without IPv6",
 			strings.Join(res.Skipped, "; "))}
 	}
 	return routed, nil

@@ -154,8 +154,10 @@ func TestRunRedirected(t *testing.T) {
 	}{
 		{"ipv4 only", validator.IPv6Auto, false, []string{"ipv4"}},
 		{"auto with ipv6", validator.IPv6Auto, true, []string{"ipv4", "ipv6"}},
-		{"on", validator.IPv6On, false, []string{"ipv4", "ipv6"}},
-		{"off", validator.IPv6Off, true, []string{"ipv4"}},
+		{"always", validator.IPv6Always, false, []string{"ipv4", "ipv6"}},
+		{"never", validator.IPv6Never, true, []string{"ipv4"}},
+		{"on, the deprecated always", "on", false, []string{"ipv4", "ipv6"}},
+		{"off, the deprecated never", "off", true, []string{"ipv4"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freePort(t)
@@ -209,7 +211,7 @@ func TestRunNotRedirected(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			port := freePort(t)
-			_, err := newValidator(config(t, port, validator.IPv6Off), validator.WithDialer(tc.dialer(t))).Run(context.Background())
+			_, err := newValidator(config(t, port, validator.IPv6Never), validator.WithDialer(tc.dialer(t))).Run(context.Background())
 			if code := validator.Code(err); code != validator.ExitNoRedirect {
 				t.Fatalf("exit code %d (%v), want %d", code, err, validator.ExitNoRedirect)
 			}
@@ -246,7 +248,7 @@ func TestRunPortInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
-	_, err = newValidator(config(t, port, validator.IPv6Off), validator.WithDialer(redirectDialer{port})).Run(context.Background())
+	_, err = newValidator(config(t, port, validator.IPv6Never), validator.WithDialer(redirectDialer{port})).Run(context.Background())
 	if validator.Code(err) != validator.ExitPortInUse {
 		t.Fatalf("Run = %v, want exit %d", err, validator.ExitPortInUse)
 	}
@@ -259,7 +261,7 @@ func TestRunIPv6DetectionFails(t *testing.T) {
 	port := freePort(t)
 	detect := validator.WithIPv6Detector(func() (bool, error) { return false, errors.New("netlink: permission denied") })
 	_, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), detect).Run(context.Background())
-	if validator.Code(err) != validator.ExitFailure || !strings.Contains(err.Error(), "set --ipv6=on or --ipv6=off") {
+	if validator.Code(err) != validator.ExitFailure || !strings.Contains(err.Error(), "set --ipv6=always or --ipv6=never") {
 		t.Errorf("Run = %v (exit %d), want exit %d naming the fix", err, validator.Code(err), validator.ExitFailure)
 	}
 }

@@ -11,40 +11,26 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/detourmesh/detour/webhook/load"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
-func BenchmarkMutate(b *testing.B) {
-	cfg := testConfig(b, "")
-	pod := load.Pod()
-	in := Input{NamespaceAnnotations: optedIn}
-	b.ReportAllocs()
-	for b.Loop() {
-		p := pod.DeepCopy()
-		if _, err := Mutate(p, in, cfg); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
 // BenchmarkHandle is one whole admission as the server handles it: decode the request's pod,
-// mutate it, and compute the JSON patch (no TLS, no HTTP), with detour's typed-patch handler
-// and with controller-runtime's admission.WithDefaulter for comparison.
+// mutate it, compute the JSON patch and encode it (no TLS, no HTTP), with detour's Handler and
+// with controller-runtime's admission.WithDefaulter on the same mutation for comparison.
 func BenchmarkHandle(b *testing.B) {
+	h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true)
 	for _, tc := range []struct {
 		name string
-		cr   bool
-	}{{"typed-patch", false}, {"controller-runtime", true}} {
+		h    admission.Handler
+	}{{"typed-patch", h}, {"controller-runtime", withDefaulter(h)}} {
 		b.Run(tc.name, func(b *testing.B) {
-			useWithDefaulter = tc.cr
-			defer func() { useWithDefaulter = false }()
-			h := NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil)
-			req := request(b, admissionv1.Create, podJSON(b, load.Pod()))
+			req := request(b, admissionv1.Create, podJSON(b, benchPod(b)))
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				if resp := h.Handle(ctx, req); !resp.Allowed || !patched(resp) {
-					b.Fatalf("response %+v", resp.Result)
+				resp := tc.h.Handle(ctx, req)
+				if err := resp.Complete(req); err != nil || !resp.Allowed || len(resp.Patch) == 0 {
+					b.Fatalf("response %+v, %v", resp.Result, err)
 				}
 			}
 		})
@@ -52,21 +38,18 @@ func BenchmarkHandle(b *testing.B) {
 }
 
 // BenchmarkServeHTTP adds what the webhook server does around Handle: decode the
-// AdmissionReview, encode the response (no TLS, no network), with detour's reviewHandler (what
+// AdmissionReview, encode the response (no TLS, no network), with detour's fastpath.ReviewHandler (what
 // Run serves) and with controller-runtime's admission.Webhook alone for comparison.
 func BenchmarkServeHTTP(b *testing.B) {
 	wh := &admission.Webhook{
-		Handler:        NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true, nil),
+		Handler:        NewHandler(testConfig(b, ""), staticNamespaces(optedIn), true),
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base }, // as Run does
 	}
-	body, err := load.Review(load.Pod(), "shop")
-	if err != nil {
-		b.Fatal(err)
-	}
+	body := review(b, "admission.k8s.io/v1", benchPod(b))
 	for _, tc := range []struct {
 		name string
 		h    http.Handler
-	}{{"review-handler", &reviewHandler{wh: wh}}, {"controller-runtime", wh}} {
+	}{{"review-handler", &fastpath.ReviewHandler{Webhook: wh}}, {"controller-runtime", wh}} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -3,18 +3,22 @@ package webhook
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+	sigsjson "sigs.k8s.io/json"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // MutatePath is the URL path of the pod mutation; the Helm chart's MutatingWebhookConfiguration
@@ -34,28 +38,6 @@ func (f NamespaceLookupFunc) NamespaceAnnotations(ctx context.Context, name stri
 	return f(ctx, name)
 }
 
-// report is what the defaulter tells the handler wrapper about one admission: the typed
-// defaulter API returns only an error, so warnings and the outcome travel in the context.
-type report struct {
-	mu       sync.Mutex
-	warnings []string
-	result   *Result
-}
-
-type reportKey struct{}
-
-func reportFrom(ctx context.Context) *report {
-	r, _ := ctx.Value(reportKey{}).(*report)
-	return r
-}
-
-// defaulter is the typed defaulter of *corev1.Pod that applies [Mutate].
-type defaulter struct {
-	cfg        *Config
-	namespaces NamespaceLookup
-	native     bool
-}
-
 // internalError is a failure of the webhook itself (a namespace it cannot read), not a denial
 // of the pod: the response carries code 500.
 type internalError struct{ err error }
@@ -63,7 +45,7 @@ type internalError struct{ err error }
 func (e *internalError) Error() string { return e.err.Error() }
 func (e *internalError) Unwrap() error { return e.err }
 
-// Status makes the defaulter answer with code 500 (apierrors.APIStatus).
+// Status makes the response carry code 500 (apierrors.APIStatus).
 func (e *internalError) Status() metav1.Status {
 	return *newStatus(http.StatusInternalServerError, e.err.Error())
 }
@@ -72,89 +54,63 @@ func newStatus(code int32, msg string) *metav1.Status {
 	return &metav1.Status{Status: metav1.StatusFailure, Code: code, Message: msg}
 }
 
-func (d *defaulter) Default(ctx context.Context, pod *corev1.Pod) error {
-	req, err := admission.RequestFromContext(ctx)
-	if err != nil {
-		return fmt.Errorf("detour webhook: %w", err)
-	}
-	// Only new pods are injected; an update cannot add containers anyway.
-	if req.Operation != admissionv1.Create || req.SubResource != "" {
-		return nil
-	}
-	namespace := req.Namespace
-	if namespace == "" {
-		namespace = pod.Namespace
-	}
-	nsAnnotations, err := d.namespaces.NamespaceAnnotations(ctx, namespace)
-	if err != nil {
-		return &internalError{fmt.Errorf("detour webhook: read namespace %q: %w", namespace, err)}
-	}
-	res, err := Mutate(pod, Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: d.native}, d.cfg)
-	if r := reportFrom(ctx); r != nil {
-		r.mu.Lock()
-		r.warnings = append(r.warnings, res.Warnings...)
-		r.result = &res
-		r.mu.Unlock()
-	}
-	if err != nil && !IsDenial(err) {
-		return &internalError{err}
-	}
-	return err
-}
-
-// useWithDefaulter selects controller-runtime's admission.WithDefaulter instead of
-// podDefaulter; the benchmarks compare the two.
-var useWithDefaulter = false
-
-// Handler is the admission handler of [MutatePath]: the typed defaulter wrapped so that the
-// mutation's warnings reach the client, malformed requests are denied with a clear message,
-// and every admission is counted and timed.
+// Handler is the admission handler of [MutatePath]. It answers as controller-runtime's typed
+// defaulter (admission.WithDefaulter on *corev1.Pod) would — decode, mutate, a denial for an
+// error (a status error keeps its code), a JSON patch for a change — and more: the mutation's
+// warnings reach the client, malformed requests are denied with a clear message, and every
+// admission is counted and timed. The patch comes from [fastpath.Patch] rather than from
+// diffing the whole documents, which took most of an admission's time
+// (docs/benchmarks-webhook.md); should a mutation ever change more than it handles, the
+// handler falls back to the whole-document diff. The tests hold it to WithDefaulter's answers.
 type Handler struct {
-	inner   admission.Handler
-	log     *slog.Logger
-	metrics *metrics
+	cfg        *inject.Config
+	namespaces NamespaceLookup
+	native     bool
+	log        *slog.Logger
+	metrics    *Metrics
 }
+
+// HandlerOption configures [NewHandler].
+type HandlerOption func(*Handler)
+
+// WithLogger makes the handler log refusals (and, at debug level, every admission) to log.
+func WithLogger(log *slog.Logger) HandlerOption { return func(h *Handler) { h.log = log } }
+
+// WithMetrics makes the handler count and time admissions in m; without it they are counted
+// in metrics that no registry holds.
+func WithMetrics(m *Metrics) HandlerOption { return func(h *Handler) { h.metrics = m } }
 
 // NewHandler returns the admission handler for cfg. native says whether the cluster runs
-// native sidecars; log may be nil.
-func NewHandler(cfg *Config, namespaces NamespaceLookup, native bool, log *slog.Logger) *Handler {
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+// native sidecars.
+func NewHandler(cfg *inject.Config, namespaces NamespaceLookup, native bool, opts ...HandlerOption) *Handler {
+	h := &Handler{cfg: cfg, namespaces: namespaces, native: native}
+	for _, o := range opts {
+		o(h)
 	}
-	scheme := runtime.NewScheme()
-	_ = corev1.AddToScheme(scheme) // cannot fail: a fresh scheme and a fixed group
-	d := &defaulter{cfg: cfg, namespaces: namespaces, native: native}
-	var inner admission.Handler = &podDefaulter{defaulter: d}
-	if useWithDefaulter {
-		inner = admission.WithDefaulter[*corev1.Pod](scheme, d).Handler
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
 	}
-	return &Handler{inner: inner, log: log, metrics: defaultMetrics()}
+	if h.metrics == nil {
+		h.metrics = newMetrics()
+	}
+	return h
 }
 
 // Handle implements admission.Handler.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
 	start := time.Now()
-	rep := &report{}
-	var resp admission.Response
-	if req.Operation == admissionv1.Create && !isJSONObject(req.Object.Raw) {
-		// The API server sends JSON; anything else would reach the patch code as garbage.
-		resp = admission.Errored(http.StatusBadRequest, errors.New("the object is not a JSON object"))
-	} else {
-		resp = h.inner.Handle(context.WithValue(ctx, reportKey{}, rep), req)
-	}
+	resp, res := h.admit(ctx, req)
 	if len(resp.Patches) > 0 {
 		// What admission.Response.Complete would do, with the same bytes, at half the cost.
 		// Should encoding fail, Patches stay for Complete to fail on.
-		if b, err := marshalPatch(resp.Patches); err == nil {
+		if b, err := fastpath.MarshalPatch(resp.Patches); err == nil {
 			pt := admissionv1.PatchTypeJSONPatch
 			resp.Patch, resp.PatchType, resp.Patches = b, &pt, nil
 		}
 	}
-
-	rep.mu.Lock()
-	warnings, res := rep.warnings, rep.result
-	rep.mu.Unlock()
-	resp = resp.WithWarnings(warnings...)
+	if res != nil {
+		resp = resp.WithWarnings(res.Warnings...)
+	}
 
 	outcome := outcomeSkipped
 	switch {
@@ -170,15 +126,91 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 			// does not say that the object was the problem.
 			resp.Result.Message = "detour webhook: the admission request does not hold a pod it can read: " + resp.Result.Message
 		}
-	case res != nil && res.Outcome == Injected:
+	case res != nil && res.Outcome == inject.Injected:
 		outcome = outcomeInjected
 	}
 	elapsed := time.Since(start)
 	h.metrics.observe(outcome, elapsed, res)
+	h.logAdmission(ctx, req, resp, res, outcome, elapsed)
+	return resp
+}
 
+// admit decodes the request's pod, mutates it and answers with the patch, as
+// admission.WithDefaulter does. The result is nil when the pod was not mutated (an update, a
+// request it could not read, a namespace it could not read).
+func (h *Handler) admit(ctx context.Context, req admission.Request) (admission.Response, *inject.Result) {
+	switch {
+	case req.Operation == admissionv1.Delete:
+		return admission.Allowed(""), nil
+	case req.Operation == admissionv1.Create && !isJSONObject(req.Object.Raw):
+		// The API server sends JSON; anything else would reach the patch code as garbage.
+		return admission.Errored(http.StatusBadRequest, errors.New("the object is not a JSON object")), nil
+	}
+	// The API server sends webhooks JSON; decode it as the API server does (case-sensitive,
+	// integers kept), without the universal deserializer's kind sniffing.
+	pod := &corev1.Pod{}
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(req.Object.Raw, pod); err != nil {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("decode the pod: %w", err)), nil
+	}
+	if pod.APIVersion != "v1" || pod.Kind != "Pod" {
+		return admission.Errored(http.StatusBadRequest, fmt.Errorf("the object is apiVersion %q kind %q, not a v1 Pod", pod.APIVersion, pod.Kind)), nil
+	}
+	orig := pod.DeepCopy()
+	res, err := h.mutate(ctx, req, pod)
+	if err != nil {
+		return errorResponse(err), res
+	}
+	if ops, ok := fastpath.Patch(orig, pod, req.Object.Raw); ok {
+		if len(ops) == 0 {
+			return admission.Allowed(""), res
+		}
+		return admission.Patched("", ops...), res
+	}
+	b, err := json.Marshal(pod)
+	if err != nil {
+		return admission.Errored(http.StatusInternalServerError, err), res
+	}
+	return admission.PatchResponseFromRaw(req.Object.Raw, b), res
+}
+
+// mutate applies [inject.Mutate] to the pod of a create request and leaves any other alone:
+// only new pods are injected, and an update cannot add containers anyway. The error is a
+// [*inject.DenialError], or an [*internalError] for a failure of the webhook itself.
+func (h *Handler) mutate(ctx context.Context, req admission.Request, pod *corev1.Pod) (*inject.Result, error) {
+	if req.Operation != admissionv1.Create || req.SubResource != "" {
+		return nil, nil
+	}
+	namespace := req.Namespace
+	if namespace == "" {
+		namespace = pod.Namespace
+	}
+	nsAnnotations, err := h.namespaces.NamespaceAnnotations(ctx, namespace)
+	if err != nil {
+		return nil, &internalError{fmt.Errorf("detour webhook: read namespace %q: %w", namespace, err)}
+	}
+	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: h.native}, h.cfg)
+	if err != nil && !inject.IsDenial(err) {
+		return &res, &internalError{err}
+	}
+	return &res, err
+}
+
+// errorResponse is the answer to a mutation's error, as admission.WithDefaulter gives it: a
+// status error keeps its code, anything else is a denial.
+func errorResponse(err error) admission.Response {
+	var status apierrors.APIStatus
+	if errors.As(err, &status) {
+		s := status.Status()
+		return admission.Response{AdmissionResponse: admissionv1.AdmissionResponse{Allowed: false, Result: &s}}
+	}
+	return admission.Denied(err.Error())
+}
+
+// logAdmission logs a refused admission, and at debug level every one.
+func (h *Handler) logAdmission(ctx context.Context, req admission.Request, resp admission.Response, res *inject.Result, outcome string, elapsed time.Duration) {
 	refused := outcome == outcomeDenied || outcome == outcomeError
 	if !refused && !h.log.Enabled(ctx, slog.LevelDebug) {
-		return resp
+		return
 	}
 	attrs := []any{
 		"namespace", req.Namespace, "name", podName(req), "uid", string(req.UID),
@@ -196,7 +228,6 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	} else {
 		h.log.Debug("admission", attrs...)
 	}
-	return resp
 }
 
 // isJSONObject is a cheap first check; the decoder finds any later syntax error.
@@ -211,10 +242,4 @@ func podName(req admission.Request) string {
 		return req.Name
 	}
 	return "(generated)"
-}
-
-// IsDenial reports whether err from [Mutate] is a denial of the pod rather than an internal error.
-func IsDenial(err error) bool {
-	var d *DenialError
-	return errors.As(err, &d)
 }

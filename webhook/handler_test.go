@@ -19,6 +19,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 )
 
 func staticNamespaces(a map[string]string) NamespaceLookup {
@@ -77,11 +78,11 @@ func applyResponse(t testing.TB, raw []byte, resp admission.Response) *corev1.Po
 
 func TestHandler(t *testing.T) {
 	cfg := testConfig(t, "sidecarMode: container")
-	h := NewHandler(cfg, staticNamespaces(optedIn), false, nil)
+	h := NewHandler(cfg, staticNamespaces(optedIn), false)
 	ctx := context.Background()
 
 	t.Run("injects and returns the warnings", func(t *testing.T) {
-		raw := podJSON(t, newPod(inits(container("migrate", 0, unset))))
+		raw := podJSON(t, testPod([]corev1.Container{runAs("migrate", 0, -1)}, nil, nil))
 		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
 		if !resp.Allowed {
 			t.Fatalf("denied: %+v", resp.Result)
@@ -124,8 +125,8 @@ func TestHandler(t *testing.T) {
 	})
 
 	t.Run("denies with the fix under deny", func(t *testing.T) {
-		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true, nil)
-		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod(apps(container("app", DefaultProxyUID, unset))))))
+		h := NewHandler(testConfig(t, "conflictPolicy: deny\nsidecarMode: container"), staticNamespaces(optedIn), true)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, testPod(nil, []corev1.Container{runAs("app", inject.DefaultProxyUID, -1)}, nil))))
 		if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, "set its securityContext.runAsUser") {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
 		}
@@ -135,11 +136,11 @@ func TestHandler(t *testing.T) {
 	})
 
 	t.Run("an injected pod in a namespace that is not opted in loses detour's containers", func(t *testing.T) {
-		injected := newPod(inits(container("migrate", 0, unset)))
-		if _, err := Mutate(injected, Input{NamespaceAnnotations: optedIn}, cfg); err != nil {
+		injected := testPod([]corev1.Container{runAs("migrate", 0, -1)}, nil, nil)
+		if _, err := inject.Mutate(injected, inject.Input{NamespaceAnnotations: optedIn}, cfg); err != nil {
 			t.Fatal(err)
 		}
-		h := NewHandler(cfg, staticNamespaces(map[string]string{}), false, nil)
+		h := NewHandler(cfg, staticNamespaces(map[string]string{}), false)
 		raw := podJSON(t, injected)
 		resp := h.Handle(ctx, request(t, admissionv1.Create, raw))
 		if !resp.Allowed || len(resp.Warnings) != 1 || !strings.Contains(resp.Warnings[0], "removed its containers") {
@@ -155,7 +156,7 @@ func TestHandler(t *testing.T) {
 	})
 
 	t.Run("updates pass untouched", func(t *testing.T) {
-		resp := h.Handle(ctx, request(t, admissionv1.Update, podJSON(t, newPod())))
+		resp := h.Handle(ctx, request(t, admissionv1.Update, podJSON(t, testPod(nil, nil, nil))))
 		if !resp.Allowed || patched(resp) {
 			t.Errorf("update: allowed %v, patch %s", resp.Allowed, resp.Patch)
 		}
@@ -171,8 +172,8 @@ func TestHandler(t *testing.T) {
 	t.Run("a namespace that cannot be read is an error, not a denial", func(t *testing.T) {
 		h := NewHandler(cfg, NamespaceLookupFunc(func(context.Context, string) (map[string]string, error) {
 			return nil, errors.New("connection refused")
-		}), false, nil)
-		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, newPod())))
+		}), false)
+		resp := h.Handle(ctx, request(t, admissionv1.Create, podJSON(t, testPod(nil, nil, nil))))
 		if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || !strings.Contains(resp.Result.Message, `read namespace "shop": connection refused`) {
 			t.Errorf("response = %v %+v", resp.Allowed, resp.Result)
 		}
@@ -184,10 +185,10 @@ func TestHandler(t *testing.T) {
 func FuzzHandler(f *testing.F) {
 	cfg := testConfig(f, "sidecarMode: container")
 	for _, p := range []*corev1.Pod{
-		newPod(),
-		newPod(inits(container("migrate", 0, unset), container("fetch", 1001, 7), container("x", unset, unset))),
-		newPod(annotate(annotations.InitEgress, "fetch", annotations.SkipOutboundPorts, "25,8000-8100", annotations.ExemptUIDs, "0")),
-		newPod(podSecurity(corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), FSGroup: ptr(int64(2600))}), inits(container("a", unset, unset))),
+		testPod(nil, nil, nil),
+		testPod([]corev1.Container{runAs("migrate", 0, -1), runAs("fetch", 1001, 7), runAs("x", -1, -1)}, nil, nil),
+		testPod(nil, nil, map[string]string{annotations.InitEgress: "fetch", annotations.SkipOutboundPorts: "25,8000-8100", annotations.ExemptUIDs: "0"}),
+		withPodSecurity(testPod([]corev1.Container{runAs("a", -1, -1)}, nil, nil), corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), FSGroup: ptr(int64(2600))}),
 	} {
 		f.Add(podJSON(f, p), false)
 	}
@@ -195,7 +196,7 @@ func FuzzHandler(f *testing.F) {
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"annotations":{"detour.dev/sidecar-mode":"native"}}}`), true)
 	f.Add([]byte(`null`), false)
 	f.Fuzz(func(t *testing.T, raw []byte, native bool) {
-		h := NewHandler(cfg, staticNamespaces(optedIn), native, nil)
+		h := NewHandler(cfg, staticNamespaces(optedIn), native)
 		resp := h.Handle(context.Background(), request(t, admissionv1.Create, raw))
 		if !resp.Allowed {
 			if resp.Result == nil || resp.Result.Message == "" || resp.Result.Code < 400 || resp.Result.Code >= 500 {
@@ -211,13 +212,33 @@ func FuzzHandler(f *testing.F) {
 			t.Fatalf("injected pod's annotations do not parse: %v", err)
 		}
 		// detour's typed patch yields the same pod as controller-runtime's whole-document diff.
-		useWithDefaulter = true
-		defer func() { useWithDefaulter = false }()
-		cr := NewHandler(cfg, staticNamespaces(optedIn), native, nil).Handle(context.Background(), request(t, admissionv1.Create, raw))
+		cr := withDefaulter(h).Handle(context.Background(), request(t, admissionv1.Create, raw))
 		if want := applyResponse(t, raw, cr); !equality.Semantic.DeepEqual(pod, want) {
-			t.Fatalf("the typed patch and the document diff disagree:\n%s", diffPods(want, pod))
+			t.Fatalf("the typed patch and the document diff disagree:\n%s", diffPods(t, want, pod))
 		}
 	})
+}
+
+// oracle is the handler's mutation as controller-runtime's typed defaulter: the fuzz test and
+// the benchmarks hold the handler to admission.WithDefaulter's answers.
+type oracle struct{ h *Handler }
+
+func (o oracle) Default(ctx context.Context, pod *corev1.Pod) error {
+	req, err := admission.RequestFromContext(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = o.h.mutate(ctx, req, pod)
+	return err
+}
+
+// withDefaulter serves h's mutation through admission.WithDefaulter.
+func withDefaulter(h *Handler) admission.Handler {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		panic(err)
+	}
+	return admission.WithDefaulter[*corev1.Pod](scheme, oracle{h}).Handler
 }
 
 func metaGVK(group, version, kind string) metav1.GroupVersionKind {

@@ -34,6 +34,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/cli"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
@@ -156,7 +157,7 @@ func startEnv(t *testing.T) *env {
 		}
 	})
 
-	cfg, err := webhook.ParseConfig([]byte(`
+	cfg, err := inject.ParseConfig([]byte(`
 proxy:
   image: proxy.example/proxy:test
   startupProbe: {tcpSocket: {port: 4191}}
@@ -573,7 +574,7 @@ func TestIntegrationSelfManagedCertificates(t *testing.T) {
 	if mwc, err = client.AdmissionregistrationV1().MutatingWebhookConfigurations().Create(ctx, mwc, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := webhook.ParseConfig([]byte("proxy: {image: p}\n"))
+	cfg, err := inject.ParseConfig([]byte("proxy: {image: p}\n"))
 	if err != nil {
 		t.Fatal(err)
 	}

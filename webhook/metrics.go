@@ -1,11 +1,13 @@
 package webhook
 
 import (
-	"sync"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	"github.com/detourmesh/detour/inject"
 )
 
 // Admission outcomes, the values of the outcome label.
@@ -16,9 +18,9 @@ const (
 	outcomeError    = "error"
 )
 
-// metrics are the webhook's Prometheus metrics, served with controller-runtime's on the
+// Metrics are the webhook's Prometheus metrics, served with controller-runtime's on the
 // metrics endpoint; docs/webhook.md lists them.
-type metrics struct {
+type Metrics struct {
 	admissions *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	granted    *prometheus.CounterVec
@@ -26,50 +28,78 @@ type metrics struct {
 	nsMisses   prometheus.Counter
 }
 
-var (
-	metricsOnce sync.Once
-	theMetrics  *metrics
-)
-
-// defaultMetrics returns the metrics, registered once in controller-runtime's registry.
-func defaultMetrics() *metrics {
-	metricsOnce.Do(func() {
-		m := &metrics{
-			admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "detour_webhook_admissions_total",
-				Help: "Pod admissions by outcome: injected, skipped (not opted in, host network, ...), denied, error.",
-			}, []string{"outcome"}),
-			duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-				Name:    "detour_webhook_admission_duration_seconds",
-				Help:    "Time to handle one pod admission (decode, mutate, patch), by outcome.",
-				Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
-			}, []string{"outcome"}),
-			granted: prometheus.NewCounterVec(prometheus.CounterOpts{
-				Name: "detour_webhook_exemptions_granted_total",
-				Help: "Init-container egress exemptions granted, by kind: uid, gid (dedicated GID), proxy-uid.",
-			}, []string{"via"}),
-			refused: prometheus.NewCounter(prometheus.CounterOpts{
-				Name: "detour_webhook_exemptions_refused_total",
-				Help: "Init containers selected for egress that could not be exempted safely (warned or denied).",
-			}),
-			nsMisses: prometheus.NewCounter(prometheus.CounterOpts{
-				Name: "detour_webhook_namespace_cache_misses_total",
-				Help: "Namespaces not yet in the cache, read from the API server instead.",
-			}),
-		}
-		for _, o := range []string{outcomeInjected, outcomeSkipped, outcomeDenied, outcomeError} {
-			m.admissions.WithLabelValues(o)
-		}
-		for _, v := range []Via{ViaUID, ViaGID, ViaProxyUID} {
-			m.granted.WithLabelValues(string(v))
-		}
-		ctrlmetrics.Registry.MustRegister(m.admissions, m.duration, m.granted, m.refused, m.nsMisses)
-		theMetrics = m
-	})
-	return theMetrics
+// NewMetrics returns the webhook's metrics, registered in reg. A metric reg holds already
+// (a second [Run] in one process) is used as it is, and keeps counting.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := newMetrics()
+	var err error
+	if m.admissions, err = register(reg, m.admissions); err != nil {
+		return nil, err
+	}
+	if m.duration, err = register(reg, m.duration); err != nil {
+		return nil, err
+	}
+	if m.granted, err = register(reg, m.granted); err != nil {
+		return nil, err
+	}
+	if m.refused, err = register(reg, m.refused); err != nil {
+		return nil, err
+	}
+	if m.nsMisses, err = register(reg, m.nsMisses); err != nil {
+		return nil, err
+	}
+	return m, nil
 }
 
-func (m *metrics) observe(outcome string, d time.Duration, res *Result) {
+// register registers c in reg, or returns the equal collector reg holds already.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	err := reg.Register(c)
+	if are, ok := errors.AsType[prometheus.AlreadyRegisteredError](err); ok {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing, nil
+		}
+	}
+	if err != nil {
+		return c, fmt.Errorf("register the webhook's metrics: %w", err)
+	}
+	return c, nil
+}
+
+// newMetrics returns the metrics, in no registry.
+func newMetrics() *Metrics {
+	m := &Metrics{
+		admissions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "detour_webhook_admissions_total",
+			Help: "Pod admissions by outcome: injected, skipped (not opted in, host network, ...), denied, error.",
+		}, []string{"outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "detour_webhook_admission_duration_seconds",
+			Help:    "Time to handle one pod admission (decode, mutate, patch), by outcome.",
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+		}, []string{"outcome"}),
+		granted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "detour_webhook_exemptions_granted_total",
+			Help: "Init-container egress exemptions granted, by kind: uid, gid (dedicated GID), proxy-uid.",
+		}, []string{"via"}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "detour_webhook_exemptions_refused_total",
+			Help: "Init containers selected for egress that could not be exempted safely (warned or denied).",
+		}),
+		nsMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "detour_webhook_namespace_cache_misses_total",
+			Help: "Namespaces not yet in the cache, read from the API server instead.",
+		}),
+	}
+	for _, o := range []string{outcomeInjected, outcomeSkipped, outcomeDenied, outcomeError} {
+		m.admissions.WithLabelValues(o)
+	}
+	for _, v := range []inject.Via{inject.ViaUID, inject.ViaGID, inject.ViaProxyUID} {
+		m.granted.WithLabelValues(string(v))
+	}
+	return m
+}
+
+func (m *Metrics) observe(outcome string, d time.Duration, res *inject.Result) {
 	m.admissions.WithLabelValues(outcome).Inc()
 	m.duration.WithLabelValues(outcome).Observe(d.Seconds())
 	if res == nil {
@@ -77,11 +107,11 @@ func (m *metrics) observe(outcome string, d time.Duration, res *Result) {
 	}
 	for _, d := range res.Decisions {
 		switch d.Via {
-		case ViaUID, ViaGID, ViaProxyUID:
+		case inject.ViaUID, inject.ViaGID, inject.ViaProxyUID:
 			if outcome == outcomeInjected {
 				m.granted.WithLabelValues(string(d.Via)).Inc()
 			}
-		case Refused:
+		case inject.Refused:
 			m.refused.Inc()
 		}
 	}

@@ -16,16 +16,16 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
-	"github.com/detourmesh/detour/webhook/load"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // webhookPair is the same Handler behind controller-runtime's ServeHTTP and behind
 // reviewHandler.
 func webhookPair(t testing.TB) (cr http.Handler, fast http.Handler) {
-	h := NewHandler(testConfig(t, "sidecarMode: container"), staticNamespaces(optedIn), false, nil)
+	h := NewHandler(testConfig(t, "sidecarMode: container"), staticNamespaces(optedIn), false)
 	logc := func(base logr.Logger, _ *admission.Request) logr.Logger { return base }
 	cr = &admission.Webhook{Handler: h, LogConstructor: logc}
-	return cr, &reviewHandler{wh: &admission.Webhook{Handler: h, LogConstructor: logc}}
+	return cr, &fastpath.ReviewHandler{Webhook: &admission.Webhook{Handler: h, LogConstructor: logc}}
 }
 
 // serve sends one request; body nil sends none, and a non-nil readErr makes the body fail
@@ -101,21 +101,16 @@ func sortedOps(patch []byte) []string {
 // reviewJSON is an AdmissionReview of pod with the request's fields changed by edit.
 func reviewJSON(t testing.TB, apiVersion string, pod *corev1.Pod, edit func(*admissionv1.AdmissionRequest)) []byte {
 	t.Helper()
-	pod = pod.DeepCopy()
-	pod.APIVersion, pod.Kind = "v1", "Pod"
-	body, err := load.Review(pod, "shop")
-	if err != nil {
-		t.Fatal(err)
-	}
+	body := review(t, apiVersion, pod)
 	var ar admissionv1.AdmissionReview
 	if err := json.Unmarshal(body, &ar); err != nil {
 		t.Fatal(err)
 	}
-	ar.APIVersion = apiVersion
 	if edit != nil {
 		edit(ar.Request)
 	}
-	if body, err = json.Marshal(&ar); err != nil {
+	body, err := json.Marshal(&ar)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return body
@@ -133,13 +128,10 @@ func decodeReview(t *testing.T, b []byte) admissionv1.AdmissionReview {
 
 func TestReviewHandler(t *testing.T) {
 	cr, fast := webhookPair(t)
-	pod := newPod(inits(container("migrate", 0, unset)))
+	pod := testPod([]corev1.Container{runAs("migrate", 0, -1)}, nil, nil)
 	v1 := reviewJSON(t, "admission.k8s.io/v1", pod, nil)
 
 	t.Run("an injected pod: patch, warnings, UID, apiVersion", func(t *testing.T) {
-		if !plainTopLevelKeys(v1) {
-			t.Fatal("the API server's review does not take the fast path")
-		}
 		ar := decodeReview(t, sameResponse(t, cr, fast, "application/json", v1, nil).Body.Bytes())
 		r := ar.Response
 		if ar.APIVersion != "admission.k8s.io/v1" || ar.Kind != "AdmissionReview" || r.UID != "00000000-0000-0000-0000-000000000000" ||
@@ -191,7 +183,7 @@ func TestReviewHandler(t *testing.T) {
 	}
 
 	// Requests the fast path leaves to controller-runtime: the answers are its own.
-	huge := append(append([]byte(`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","x":"`), bytes.Repeat([]byte("a"), maxReviewSize)...), `"}`...)
+	huge := append(append([]byte(`{"kind":"AdmissionReview","apiVersion":"admission.k8s.io/v1","x":"`), bytes.Repeat([]byte("a"), fastpath.MaxReviewSize)...), `"}`...)
 	for _, tc := range []struct {
 		name, contentType string
 		body              []byte
@@ -227,32 +219,9 @@ func TestReviewHandler(t *testing.T) {
 	}
 }
 
-func TestPlainTopLevelKeys(t *testing.T) {
-	for _, tc := range []struct {
-		json string
-		want bool
-	}{
-		{`{}`, true},
-		{` { "apiVersion" : "v" , "kind":"k", "request": {"a":[1,{"b":"}\"]"}], "kind":1}, "n": null, "t": true, "f": -1.5e3 } `, true},
-		{`{"Kind":"x"}`, false},
-		{`{"APIVERSION":"x"}`, false},
-		{`{"kınd":"x"}`, false}, // non-ASCII
-		{`{"k\u0069nd":"x"}`, false},
-		{`{"request":{"KIND":"nested keys do not matter"}}`, true},
-		{`[]`, false},
-		{`null`, false},
-		{``, false},
-		{`{"a":1`, false},
-	} {
-		if got := plainTopLevelKeys([]byte(tc.json)); got != tc.want {
-			t.Errorf("plainTopLevelKeys(%s) = %v, want %v", tc.json, got, tc.want)
-		}
-	}
-}
-
 // Any request body: the fast path answers exactly as controller-runtime's ServeHTTP does.
 func FuzzReviewHandler(f *testing.F) {
-	pod := newPod(inits(container("migrate", 0, unset), container("fetch", 1001, 7)))
+	pod := testPod([]corev1.Container{runAs("migrate", 0, -1), runAs("fetch", 1001, 7)}, nil, nil)
 	f.Add(reviewJSON(f, "admission.k8s.io/v1", pod, nil))
 	f.Add(reviewJSON(f, "admission.k8s.io/v1beta1", pod, func(r *admissionv1.AdmissionRequest) { r.Operation = admissionv1.Delete }))
 	f.Add(reviewJSON(f, "admission.k8s.io/v1", pod, func(r *admissionv1.AdmissionRequest) { r.Object.Raw = []byte(`{"kind":"Pod"}`) }))
@@ -263,21 +232,4 @@ func FuzzReviewHandler(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		sameResponse(t, cr, fast, "application/json", body, nil)
 	})
-}
-
-// readAll reads everything, whatever size the client announced.
-func TestReadAll(t *testing.T) {
-	body := bytes.Repeat([]byte("0123456789"), 10_000) // larger than the 64 KiB announcement cap
-	for _, n := range []int{0, 1, 511, 512, 513, 3000, 65536, len(body)} {
-		for _, announced := range []int64{-1, 0, int64(n) - 1, int64(n), int64(n) + 1, 1 << 40} {
-			got, err := readAll(io.LimitReader(bytes.NewReader(body), int64(n)), announced)
-			if err != nil || !bytes.Equal(got, body[:n]) {
-				t.Fatalf("%d bytes, %d announced: read %d bytes, %v", n, announced, len(got), err)
-			}
-		}
-	}
-	got, err := readAll(io.MultiReader(bytes.NewReader(body[:10]), errReader{io.ErrUnexpectedEOF}), 100)
-	if !errors.Is(err, io.ErrUnexpectedEOF) || !bytes.Equal(got, body[:10]) {
-		t.Errorf("read %q, %v", got, err)
-	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,21 +23,24 @@ import (
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/klog/v2"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
-	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
+	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook/certs"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 // Options configure [Run]. Zero values take the defaults noted on each field.
 type Options struct {
 	// Config is the injection configuration (required).
-	Config *Config
+	Config *inject.Config
 	// RESTConfig reaches the API server (required).
 	RESTConfig *rest.Config
 	// Host and Port are where the webhook serves TLS (default all addresses, port 9443).
@@ -47,11 +51,14 @@ type Options struct {
 	CertDir, CertName, KeyName string
 	// CertSecret, when set, makes the webhook keep its own CA and serving certificate in this
 	// Secret of OwnNamespace, valid for ServiceName, and keep the caBundle of the
-	// MutatingWebhookConfiguration WebhookConfiguration current (see [Certificates]). Without
+	// MutatingWebhookConfiguration WebhookConfiguration current (see [certs.Certificates]). Without
 	// it, the certificate in CertDir comes from elsewhere (cert-manager, a mounted Secret).
 	CertSecret, ServiceName, WebhookConfiguration string
 	// MetricsAddr serves /metrics over HTTP (default ":8080"; "0" disables it).
 	MetricsAddr string
+	// Registry is where the webhook's metrics are registered (default controller-runtime's
+	// registry, the one the metrics endpoint serves).
+	Registry prometheus.Registerer
 	// HealthAddr serves /healthz and /readyz over HTTP (default ":8081").
 	HealthAddr string
 	// PprofAddr serves Go's net/http/pprof profiles; empty (the default) disables them.
@@ -61,8 +68,9 @@ type Options struct {
 	EnableHTTP2 bool
 	// OwnNamespace is detour's namespace; its pods are never injected.
 	OwnNamespace string
-	// Logger receives structured logs (default discard); controller-runtime's and client-go's
-	// logs are bridged to it.
+	// Logger receives the webhook's structured logs and its manager's (default discard).
+	// controller-runtime's and client-go's global loggers are the process's to set (`detour
+	// webhook` bridges them to the same logger).
 	Logger *slog.Logger
 }
 
@@ -136,8 +144,6 @@ func Run(ctx context.Context, o Options) error {
 		log = slog.New(slog.DiscardHandler)
 	}
 	logger := logr.FromSlogHandler(log.Handler())
-	ctrllog.SetLogger(logger)
-	klog.SetLogger(logger)
 
 	serverVersion, native, err := ServerVersion(o.RESTConfig)
 	if err != nil {
@@ -150,82 +156,41 @@ func Run(ctx context.Context, o Options) error {
 	log.Info("starting the detour webhook", "apiServer", serverVersion, "nativeSidecars", native,
 		"sidecarMode", cfg.SidecarMode, "conflictPolicy", cfg.ConflictPolicy, "initEgress", cfg.InitEgress.String(),
 		"gidRange", cfg.GIDRange.String(), "excludeNamespaces", cfg.ExcludeNamespaces)
-	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == SidecarNative || cfg.SidecarMode == SidecarAuto && native) {
+	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == inject.SidecarNative || cfg.SidecarMode == inject.SidecarAuto && native) {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
 
-	var certs *Certificates
-	if o.CertSecret != "" {
-		if o.OwnNamespace == "" || o.ServiceName == "" {
-			return errors.New("run webhook: a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
-		}
-		if err := os.MkdirAll(o.CertDir, 0o700); err != nil {
-			return fmt.Errorf("run webhook: %w", err)
-		}
-		cs, err := kubernetes.NewForConfig(o.RESTConfig)
-		if err != nil {
-			return fmt.Errorf("run webhook: %w", err)
-		}
-		certs = &Certificates{
-			Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
-			WebhookConfiguration: o.WebhookConfiguration,
-			CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
-			Log: log.With("component", "certificates"),
-		}
-		// The server reads the files when it starts, so they must be there first.
-		if err := certs.Ensure(ctx); err != nil {
-			return fmt.Errorf("run webhook: %w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
-		}
-	}
-
-	metricsAddr := o.MetricsAddr
-	if metricsAddr == "" {
-		metricsAddr = ":8080"
-	}
-	healthAddr := o.HealthAddr
-	if healthAddr == "" {
-		healthAddr = ":8081"
-	}
-	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
-		c.MinVersion = tls.VersionTLS12
-		if !o.EnableHTTP2 {
-			c.NextProtos = []string{"http/1.1"}
-		}
-	}}
-	scheme := runtime.NewScheme()
-	if err := corev1.AddToScheme(scheme); err != nil {
+	ca, err := o.certificates(ctx, log)
+	if err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
-	mgr, err := manager.New(o.RESTConfig, manager.Options{
-		Scheme:                 scheme,
-		Logger:                 logger,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: healthAddr,
-		PprofBindAddress:       o.PprofAddr,
-		WebhookServer: crwebhook.NewServer(crwebhook.Options{
-			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
-		}),
-		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
-	})
+	mgr, err := o.newManager(logger)
 	if err != nil {
-		return fmt.Errorf("run webhook: create the manager: %w", err)
+		return fmt.Errorf("run webhook: %w", err)
 	}
 	informer, err := mgr.GetCache().GetInformer(ctx, namespaceMeta())
 	if err != nil {
 		return fmt.Errorf("run webhook: watch namespaces: %w", err)
 	}
-	m := defaultMetrics()
+	reg := o.Registry
+	if reg == nil {
+		reg = ctrlmetrics.Registry
+	}
+	m, err := NewMetrics(reg)
+	if err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
-	handler := NewHandler(&cfg, lookup, native, log.With("component", "admission"))
-	mgr.GetWebhookServer().Register(MutatePath, &reviewHandler{wh: &admission.Webhook{
+	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m))
+	mgr.GetWebhookServer().Register(MutatePath, &fastpath.ReviewHandler{Webhook: &admission.Webhook{
 		Handler: handler,
 		// The handler logs each admission itself; controller-runtime's per-request logger
 		// would only cost allocations.
 		LogConstructor: func(base logr.Logger, _ *admission.Request) logr.Logger { return base },
 	}})
 
-	if certs != nil {
-		if err := mgr.Add(manager.RunnableFunc(certs.Run)); err != nil {
+	if ca != nil {
+		if err := mgr.Add(manager.RunnableFunc(ca.Run)); err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
 	}
@@ -247,4 +212,71 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	return nil
+}
+
+// certificates sets up the self-managed certificates when o asks for them (else nil), and
+// writes the serving files: the server reads them when it starts, so they must be there first.
+func (o Options) certificates(ctx context.Context, log *slog.Logger) (*certs.Certificates, error) {
+	if o.CertSecret == "" {
+		return nil, nil
+	}
+	if o.OwnNamespace == "" || o.ServiceName == "" {
+		return nil, errors.New("a certificate secret needs the webhook's namespace and service name (--namespace, --service-name)")
+	}
+	if err := os.MkdirAll(o.CertDir, 0o700); err != nil {
+		return nil, err
+	}
+	cs, err := kubernetes.NewForConfig(o.RESTConfig)
+	if err != nil {
+		return nil, err
+	}
+	ca := &certs.Certificates{
+		Client: cs, Namespace: o.OwnNamespace, SecretName: o.CertSecret, ServiceName: o.ServiceName,
+		WebhookConfiguration: o.WebhookConfiguration,
+		CertDir:              o.CertDir, CertName: cmp.Or(o.CertName, "tls.crt"), KeyName: cmp.Or(o.KeyName, "tls.key"),
+		Log: log.With("component", "certificates"),
+	}
+	// The server reads the files when it starts, so they must be there first.
+	if err := ca.Ensure(ctx); err != nil {
+		return nil, fmt.Errorf("%w (check the webhook's RBAC on secrets and mutatingwebhookconfigurations)", err)
+	}
+	return ca, nil
+}
+
+// newManager is the controller-runtime manager of the webhook server: TLS 1.2 or later,
+// HTTP/1.1 unless o enables HTTP/2, metrics, probes, and a cache without managed fields.
+func (o Options) newManager(logger logr.Logger) (manager.Manager, error) {
+	metricsAddr := o.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = ":8080"
+	}
+	healthAddr := o.HealthAddr
+	if healthAddr == "" {
+		healthAddr = ":8081"
+	}
+	tlsOpts := []func(*tls.Config){func(c *tls.Config) {
+		c.MinVersion = tls.VersionTLS12
+		if !o.EnableHTTP2 {
+			c.NextProtos = []string{"http/1.1"}
+		}
+	}}
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		return nil, err
+	}
+	mgr, err := manager.New(o.RESTConfig, manager.Options{
+		Scheme:                 scheme,
+		Logger:                 logger,
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: healthAddr,
+		PprofBindAddress:       o.PprofAddr,
+		WebhookServer: crwebhook.NewServer(crwebhook.Options{
+			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
+		}),
+		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create the manager: %w", err)
+	}
+	return mgr, nil
 }

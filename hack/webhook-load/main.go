@@ -1,4 +1,4 @@
-// Command webhook-load measures the detour webhook under load (see webhook/load): by default it
+// Command webhook-load measures the detour webhook under load (see its package load): by default it
 // starts a local kube-apiserver and etcd (hack/test-binaries.sh), runs `detour webhook` against
 // them as a separate process, and sends AdmissionReview requests over TLS, first as fast as the
 // webhook answers at a fixed concurrency, then at a fixed rate, and prints throughput, p50/p99
@@ -30,9 +30,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	"github.com/detourmesh/detour/hack/webhook-load/load"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/webhook"
-	"github.com/detourmesh/detour/webhook/load"
 )
 
 func main() {

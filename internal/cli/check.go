@@ -18,9 +18,9 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
+	"github.com/detourmesh/detour/internal/manifest"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/nodeagent"
-	"github.com/detourmesh/detour/webhook"
 )
 
 // newCheckCommand returns `detour check`, the node-side diagnosis.
@@ -281,7 +281,7 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 		return
 	}
 	defer closeIn()
-	name, a, err := webhook.PodAnnotations(in)
+	name, a, err := manifest.PodAnnotations(in)
 	switch {
 	case err != nil:
 		c.fail("read %s: %v", file, err)

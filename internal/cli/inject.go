@@ -8,7 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/detourmesh/detour/webhook"
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/manifest"
 )
 
 // injectFlags are the configuration settings `detour inject` can override on the command
@@ -26,16 +27,16 @@ type injectFlags struct {
 }
 
 // overrides turns the flags the user set into configuration overrides.
-func (f *injectFlags) overrides(cmd *cobra.Command) (func(*webhook.File), error) {
+func (f *injectFlags) overrides(cmd *cobra.Command) (func(*inject.File), error) {
 	changed := cmd.Flags().Changed
-	var gids webhook.GIDRangeFile
+	var gids inject.GIDRangeFile
 	if changed("gid-range") {
 		var err error
-		if gids, err = webhook.ParseGIDRange(f.gidRange); err != nil {
+		if gids, err = inject.ParseGIDRange(f.gidRange); err != nil {
 			return nil, fmt.Errorf("--gid-range: %w", err)
 		}
 	}
-	return func(c *webhook.File) {
+	return func(c *inject.File) {
 		if changed("proxy-image") {
 			c.Proxy.Image = f.proxyImage
 		}
@@ -63,32 +64,32 @@ func (f *injectFlags) overrides(cmd *cobra.Command) (func(*webhook.File), error)
 	}, nil
 }
 
-func (f *injectFlags) load(cmd *cobra.Command) (*webhook.Config, error) {
+func (f *injectFlags) load(cmd *cobra.Command) (*inject.Config, error) {
 	o, err := f.overrides(cmd)
 	if err != nil {
 		return nil, err
 	}
 	if f.config == "" {
-		cfg, err := webhook.ParseConfig(nil, o)
+		cfg, err := inject.ParseConfig(nil, o)
 		if err != nil {
 			return nil, fmt.Errorf("configuration (from flags; --config reads a file): %w", err)
 		}
 		return cfg, nil
 	}
-	return webhook.LoadConfig(f.config, o)
+	return inject.LoadConfig(f.config, o)
 }
 
 func (f *injectFlags) register(cmd *cobra.Command) {
 	fl := cmd.Flags()
 	fl.StringVar(&f.config, "config", "", "webhook configuration file (the webhook's ConfigMap data); flags override its fields")
 	fl.StringVar(&f.proxyImage, "proxy-image", "", "proxy.image: the proxy container's image (required unless the config file sets it)")
-	fl.Int64Var(&f.proxyUID, "proxy-uid", webhook.DefaultProxyUID, "proxy.uid: the UID the proxy runs as")
+	fl.Int64Var(&f.proxyUID, "proxy-uid", inject.DefaultProxyUID, "proxy.uid: the UID the proxy runs as")
 	fl.StringVar(&f.validatorImage, "validator-image", "", "validator.image (default the detour image of this version)")
-	fl.Int64Var(&f.validatorUID, "validator-uid", webhook.DefaultValidatorUID, "validator.uid: the UID the validator runs as")
+	fl.Int64Var(&f.validatorUID, "validator-uid", inject.DefaultValidatorUID, "validator.uid: the UID the validator runs as")
 	fl.StringVar(&f.initEgress, "init-egress", "*", `initEgress: init containers that keep direct egress: "*", "none" or names`)
 	fl.StringVar(&f.sidecarMode, "sidecar-mode", "auto", `sidecarMode: "auto", "container" or "native"`)
 	fl.StringVar(&f.conflictPolicy, "conflict-policy", "warn", `conflictPolicy: "warn" or "deny" when an init container cannot keep egress`)
-	fl.StringVar(&f.gidRange, "gid-range", fmt.Sprintf("%d-%d", webhook.DefaultGIDFirst, webhook.DefaultGIDLast), "gidRange: reserved range of dedicated GIDs, first-last")
+	fl.StringVar(&f.gidRange, "gid-range", fmt.Sprintf("%d-%d", inject.DefaultGIDFirst, inject.DefaultGIDLast), "gidRange: reserved range of dedicated GIDs, first-last")
 }
 
 // newInjectCommand returns `detour inject`, the webhook's mutation offline.
@@ -141,7 +142,7 @@ webhook injects it the same way in any namespace.`,
 				return err
 			}
 			defer closeIn()
-			notices, err := webhook.InjectStream(in, cmd.OutOrStdout(), webhook.InjectOptions{
+			notices, err := manifest.InjectStream(in, cmd.OutOrStdout(), manifest.InjectOptions{
 				Config: cfg, NamespaceAnnotations: ns, NativeSidecars: native,
 			})
 			for _, n := range notices {

@@ -10,10 +10,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/manifest"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
-	"github.com/detourmesh/detour/webhook"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/workloads/golden from the current output")
@@ -186,7 +186,7 @@ func TestRules(t *testing.T) {
 	}
 	golden(t, "deployment-mixed.rules", out)
 
-	_, a, err := webhook.PodAnnotations(strings.NewReader(injected))
+	_, a, err := manifest.PodAnnotations(strings.NewReader(injected))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestRulesNFTables(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "deployment-mixed.nftables", out)
-	_, a, _ := webhook.PodAnnotations(strings.NewReader(injected))
+	_, a, _ := manifest.PodAnnotations(strings.NewReader(injected))
 	r, err := annotations.ParseRedirect(a)
 	if err != nil {
 		t.Fatal(err)

@@ -1,19 +1,12 @@
 package cli
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
-	"net"
-	"net/http"
 	"os"
-	"time"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+	"github.com/spf13/pflag"
 
 	"github.com/detourmesh/detour/nodeagent"
 )
@@ -26,6 +19,7 @@ func newInstallCNICommand() *cobra.Command {
 		hold       bool
 		healthAddr string
 		kubeconfig string
+		logs       logFlags
 		podName    = os.Getenv("POD_NAME")
 		podNS      = os.Getenv("POD_NAMESPACE")
 	)
@@ -64,11 +58,15 @@ docs/node-agent.md.`,
 			if cfg.NodeName == "" {
 				return errors.New("the node name is unknown: set --node-name or NODE_NAME (from the downward API, fieldRef spec.nodeName)")
 			}
-			client, err := agentKubeClient(kubeconfig)
+			log, err := logs.setUp(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", "install-cni", "node", cfg.NodeName)
+			log = log.With("component", "install-cni", "node", cfg.NodeName)
+			client, err := kubeClient(kubeconfig, "detour")
+			if err != nil {
+				return err
+			}
 			opts := []nodeagent.Option{nodeagent.WithNodeClient(client), nodeagent.WithLogger(log)}
 			if !uninstall {
 				opts = append(opts, nodeagent.WithOwnPod(podNS, podName))
@@ -80,7 +78,7 @@ docs/node-agent.md.`,
 				}
 				return nil
 			}
-			stop, err := serveAgentHTTP(healthAddr, agent.Handler(), log)
+			stop, err := serveHTTP(log, endpoint{healthAddr, agent.Handler()})
 			if err != nil {
 				return err
 			}
@@ -114,16 +112,21 @@ docs/node-agent.md.`,
 	fl.StringVar(&f.APIServer, "api-server", f.APIServer, "https URL the plugin reaches the API server at (default: https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT)")
 	fl.DurationVar(&f.APITimeout, "api-timeout", f.APITimeout, "the plugin's bound on a pod lookup (apiTimeout)")
 	fl.StringVar(&f.IPTablesBackend, "iptables-backend", f.IPTablesBackend, `the plugin's backend: "auto", "legacy" or "nft" (iptables tools), or "nftables" (native, over netlink) (iptablesBackend)`)
-	fl.StringVar(&f.LogLevel, "log-level", f.LogLevel, `the plugin's log level: "debug", "info", "warn" or "error" (logLevel)`)
-	fl.StringVar(&f.LogFile, "log-file", f.LogFile, "the plugin's log file on the host; empty logs to the runtime only (logFile)")
+	fl.StringVar(&f.LogLevel, "plugin-log-level", f.LogLevel, `the plugin's log level: "debug", "info", "warn" or "error" (logLevel)`)
+	fl.StringVar(&f.LogFile, "plugin-log-file", f.LogFile, "the plugin's log file on the host; empty logs to the runtime only (logFile)")
+	fl.StringVar(&f.LogFile, "log-file", f.LogFile, "the plugin's log file")
+	deprecate(fl, "log-file", "plugin-log-file")
 	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "namespaces the plugin leaves alone; empty for none (excludeNamespaces)")
 	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `the plugin's IPv6 rules: "auto" (when the pod has an IPv6 address) or "always" (ipv6, written only for "always")`)
 	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name (default $NODE_NAME)")
 	fl.StringVar(&f.StartupTaint, "startup-taint", f.StartupTaint, "key of the startup taint removed once the config is in place (any effect)")
 	fl.StringVar(&f.CNIConfigMode, "cni-config-mode", f.CNIConfigMode, `how the plugin's configuration reaches the runtime: "drop-in" (<conf dir>/<network>/`+nodeagent.DropInName+`, which survives the primary rewriting its conflist; runtimes that load drop-ins: containerd >= 2.1, CRI-O >= 1.33), "chained-entry" (an entry in the primary's conflist, put back after each rewrite) or "auto" (drop-in when the node's runtime loads them)`)
 	fl.DurationVar(&f.Resync, "resync-interval", f.Resync, "how often the agent checks everything even without a file event")
-	fl.StringVar(&healthAddr, "health-addr", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default: in-cluster service account)")
+	fl.StringVar(&healthAddr, "health-probe-bind-address", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
+	fl.StringVar(&healthAddr, "health-addr", ":9641", "address of the probes")
+	deprecate(fl, "health-addr", "health-probe-bind-address")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default $KUBECONFIG, else the pod's service account)")
+	logs.add(fl, "text") // the agent's own logs; --plugin-log-level is the plugin's
 	fl.StringVar(&podName, "pod-name", podName, "the agent's own pod (default $POD_NAME, downward API metadata.name): at SIGTERM it uninstalls when the DaemonSet running that pod is being deleted; empty: never")
 	fl.StringVar(&podNS, "pod-namespace", podNS, "the namespace of --pod-name (default $POD_NAMESPACE)")
 	fl.BoolVar(&uninstall, "uninstall", false, "remove detour's drop-in and conflist entries, the binary, the kubeconfig, the plugin's token and the node's ready label, then exit")
@@ -131,41 +134,9 @@ docs/node-agent.md.`,
 	return cmd
 }
 
-// kubeClient returns a client from kubeconfig, or the in-cluster one when it is empty.
-func agentKubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
+// deprecate keeps the flag old working, with a message that names its replacement.
+func deprecate(fl *pflag.FlagSet, old, replacement string) {
+	if err := fl.MarkDeprecated(old, "use --"+replacement); err != nil {
+		panic(err) // only for a flag that is not defined: a bug
 	}
-	if err != nil {
-		return nil, fmt.Errorf("configure the API client: %w (outside a pod, set --kubeconfig)", err)
-	}
-	cfg.UserAgent = "detour"
-	return kubernetes.NewForConfig(cfg)
-}
-
-// serveHTTP serves h on addr until stop is called; an empty addr serves nothing.
-func serveAgentHTTP(addr string, h http.Handler, log *slog.Logger) (stop func(), err error) {
-	if addr == "" {
-		return func() {}, nil
-	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on %s for probes and metrics: %w (choose another address with the flag)", addr, err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error("HTTP server stopped", "addr", addr, "err", err)
-		}
-	}()
-	log.Info("serving", "addr", ln.Addr().String())
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
 }

@@ -3,6 +3,8 @@ package cli
 import (
 	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 )
 
 // --hold without --uninstall is refused before anything else happens (no node name, no API
@@ -27,6 +29,54 @@ func TestInstallCNIFlags(t *testing.T) {
 		f := cmd.Flags().Lookup(name)
 		if f == nil || f.DefValue != def {
 			t.Errorf("flag --%s = %+v, want default %q", name, f, def)
+		}
+	}
+}
+
+// The long-running commands take the same names for the same things, and the names they had
+// before still work.
+func TestOperationsFlags(t *testing.T) {
+	for _, tc := range []struct {
+		cmd       func() *cobra.Command
+		args      []string
+		want      map[string]string
+		defaults  map[string]string
+		noSuchOne []string
+	}{
+		{newWebhookCommand, nil, nil,
+			map[string]string{"metrics-bind-address": ":8080", "health-probe-bind-address": ":8081", "log-level": "info", "log-format": "json"}, nil},
+		{newInstallCNICommand, []string{"--health-addr=:1234", "--log-file=/var/log/cni.log"},
+			map[string]string{"health-probe-bind-address": ":1234", "plugin-log-file": "/var/log/cni.log"},
+			map[string]string{"health-probe-bind-address": ":9641", "log-level": "info", "log-format": "text", "plugin-log-level": "info", "plugin-log-file": ""},
+			[]string{"metrics-bind-address"}}, // the agent has no metrics
+		{newRepairCommand, []string{"--http-addr=:4321"},
+			map[string]string{"metrics-bind-address": ":4321", "health-probe-bind-address": ":4321"},
+			map[string]string{"metrics-bind-address": ":9642", "health-probe-bind-address": ":9642", "log-level": "info", "log-format": "text"}, nil},
+	} {
+		cmd := tc.cmd()
+		for name, def := range tc.defaults {
+			if f := cmd.Flags().Lookup(name); f == nil || f.DefValue != def {
+				t.Errorf("%s --%s = %+v, want default %q", cmd.Name(), name, f, def)
+			}
+		}
+		for _, name := range tc.noSuchOne {
+			if cmd.Flags().Lookup(name) != nil {
+				t.Errorf("%s has --%s", cmd.Name(), name)
+			}
+		}
+		if err := cmd.ParseFlags(tc.args); err != nil {
+			t.Fatalf("%s %v: %v", cmd.Name(), tc.args, err)
+		}
+		for name, v := range tc.want {
+			if got := cmd.Flags().Lookup(name).Value.String(); got != v {
+				t.Errorf("%s %v: --%s = %q, want %q", cmd.Name(), tc.args, name, got, v)
+			}
+		}
+		for _, a := range tc.args {
+			name := strings.TrimPrefix(strings.SplitN(a, "=", 2)[0], "--")
+			if f := cmd.Flags().Lookup(name); f == nil || f.Deprecated == "" {
+				t.Errorf("%s --%s is not marked deprecated", cmd.Name(), name)
+			}
 		}
 	}
 }

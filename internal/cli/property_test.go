@@ -17,9 +17,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
-	"github.com/detourmesh/detour/webhook"
 )
 
 // The property test of injection (issue 10): random pods — container and pod security contexts
@@ -47,7 +47,7 @@ var (
 	propertyRemoteIP4  = netip.MustParseAddr("10.99.0.1")
 	propertyPodIP6     = netip.MustParseAddr("fd99::2")
 	propertyRemoteIP6  = netip.MustParseAddr("fd99::1")
-	propertyUIDs       = []int64{0, 1000, 1001, 1200, webhook.DefaultValidatorUID, 2600, 2601, 2650, 3000, 65534}
+	propertyUIDs       = []int64{0, 1000, 1001, 1200, inject.DefaultValidatorUID, 2600, 2601, 2650, 3000, 65534}
 	propertyGIDs       = []int64{0, 1000, 2600, 2601, 2602, 3000, 5000}
 	propertyImageUsers = []uint32{0, 1000, 1001, 3000, 65534}
 	propertySkipPorts  = []string{"80", "25", "8080", "1-1000", "8000-8100", "443,3306"}
@@ -261,9 +261,9 @@ func TestIntegrationInjectProperty(t *testing.T) {
 	}
 	t.Logf("seed %d, %d pods (DETOUR_PROPERTY_SEED=%d reproduces this run)", seed, pods, seed)
 
-	configs := map[string]*webhook.Config{}
+	configs := map[string]*inject.Config{}
 	for _, mode := range []string{"auto", "container", "native"} {
-		cfg, err := webhook.ParseConfig([]byte("proxy: {image: proxy:property}\nsidecarMode: " + mode))
+		cfg, err := inject.ParseConfig([]byte("proxy: {image: proxy:property}\nsidecarMode: " + mode))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -312,15 +312,15 @@ func TestIntegrationInjectProperty(t *testing.T) {
 
 // checkPropertyCase injects c's pod, loads its rules and checks every identity; it reports
 // whether all held, logging the pod and its rules when one did not.
-func checkPropertyCase(t *testing.T, ns *testenv.NetNS, c propertyCase, cfg *webhook.Config, stats map[string]int) bool {
+func checkPropertyCase(t *testing.T, ns *testenv.NetNS, c propertyCase, cfg *inject.Config, stats map[string]int) bool {
 	t.Helper()
 	pod := c.pod.DeepCopy()
-	res, err := webhook.Mutate(pod, webhook.Input{NamespaceAnnotations: c.ns, NativeSidecars: c.native}, cfg)
+	res, err := inject.Mutate(pod, inject.Input{NamespaceAnnotations: c.ns, NativeSidecars: c.native}, cfg)
 	if err != nil {
 		t.Errorf("Mutate: %v", err)
 		return false
 	}
-	if res.Outcome != webhook.Injected {
+	if res.Outcome != inject.Injected {
 		t.Errorf("not injected: %s", res.Reason)
 		return false
 	}
@@ -391,7 +391,7 @@ func checkPropertyCase(t *testing.T, ns *testenv.NetNS, c propertyCase, cfg *web
 	did, dgroups := c.identity(pod, nil, c.debugUser)
 	expect("the pod's default identity (kubectl debug)", did, dgroups, remote, mustStay)
 
-	decisions := map[string]webhook.Decision{}
+	decisions := map[string]inject.Decision{}
 	for _, d := range res.Decisions {
 		decisions[d.Container] = d
 	}
@@ -404,13 +404,13 @@ func checkPropertyCase(t *testing.T, ns *testenv.NetNS, c propertyCase, cfg *web
 		id, groups := c.identity(pod, ctr, img)
 		d := decisions[ctr.Name]
 		switch {
-		case d.Via == webhook.Sidecar:
+		case d.Via == inject.Sidecar:
 			stats["user-sidecar"]++
 			expect(fmt.Sprintf("user sidecar %q", ctr.Name), id, groups, remote, mustStay)
-		case d.Via == webhook.ViaUID || d.Via == webhook.ViaGID || d.Via == webhook.ViaProxyUID:
+		case d.Via == inject.ViaUID || d.Via == inject.ViaGID || d.Via == inject.ViaProxyUID:
 			stats["init-egress-"+string(d.Via)]++
 			expect(fmt.Sprintf("init container %q (%s %d)", ctr.Name, d.Via, d.ID), id, groups, remote, direct)
-		case d.Via == webhook.ViaProxy, d.Via == webhook.NotSelected:
+		case d.Via == inject.ViaProxy, d.Via == inject.NotSelected:
 			stats["init-"+string(d.Via)]++
 			expect(fmt.Sprintf("init container %q (%s)", ctr.Name, d.Via), id, groups, remote, mustStay)
 		default:

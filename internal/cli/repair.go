@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"log/slog"
 	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,7 +14,8 @@ import (
 func newRepairCommand() *cobra.Command {
 	f := repair.DefaultFlags()
 	f.NodeName = os.Getenv("NODE_NAME")
-	var httpAddr, kubeconfig string
+	var metricsAddr, healthAddr, kubeconfig string
+	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "repair",
 		Short: "Recreate this node's injected pods whose validator found no redirect (DaemonSet)",
@@ -39,15 +39,26 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 			if err != nil {
 				return err
 			}
-			client, err := agentKubeClient(kubeconfig)
+			log, err := logs.setUp(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil)).With("component", repair.Component, "node", cfg.NodeName)
+			log = log.With("component", repair.Component, "node", cfg.NodeName)
+			client, err := kubeClient(kubeconfig, "detour")
+			if err != nil {
+				return err
+			}
 			reg := prometheus.NewRegistry()
 			reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-			ctrl := repair.New(client, cfg, repair.WithLogger(log), repair.WithMetrics(repair.NewMetrics(reg)))
-			stop, err := serveAgentHTTP(httpAddr, ctrl.Handler(reg), log)
+			ctrl, err := repair.New(client, cfg, repair.WithLogger(log), repair.WithMetrics(repair.NewMetrics(reg)))
+			if err != nil {
+				return err
+			}
+			endpoints := []endpoint{{metricsAddr, ctrl.Handler(reg)}}
+			if healthAddr != metricsAddr {
+				endpoints = []endpoint{{metricsAddr, repair.MetricsHandler(reg)}, {healthAddr, ctrl.HealthHandler()}}
+			}
+			stop, err := serveHTTP(log, endpoints...)
 			if err != nil {
 				return err
 			}
@@ -61,7 +72,29 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 	fl.IntVar(&f.Burst, "burst", f.Burst, "repairs allowed at once")
 	fl.StringSliceVar(&f.RecreatingOwners, "recreating-owners", f.RecreatingOwners, "owners (group/Kind) known to recreate a deleted pod: only their failed pods are deleted; every other pod, a Job's included, is annotated detour.dev/recreate-required instead")
 	fl.BoolVar(&f.RequireCNIReady, "require-cni-ready", f.RequireCNIReady, "repair only while the node carries detour.dev/cni-ready=true (a pod recreated earlier could fail again)")
-	fl.StringVar(&httpAddr, "http-addr", ":9642", `address of /metrics, /healthz and /readyz; "" disables them`)
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's API client (default: in-cluster service account)")
+	fl.StringVar(&metricsAddr, "metrics-bind-address", ":9642", `address of the Prometheus /metrics endpoint; "" disables it`)
+	fl.StringVar(&healthAddr, "health-probe-bind-address", ":9642", `address of /healthz and /readyz (the same as --metrics-bind-address: one server); "" disables them`)
+	fl.Var(&sameAddr{&metricsAddr, &healthAddr}, "http-addr", "address of /metrics, /healthz and /readyz")
+	deprecate(fl, "http-addr", "metrics-bind-address and --health-probe-bind-address")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig of the controller's API client (default $KUBECONFIG, else the pod's service account)")
+	logs.add(fl, "text")
 	return cmd
 }
+
+// sameAddr is a flag that sets two addresses to its value (the deprecated --http-addr, which
+// served metrics and probes together).
+type sameAddr struct{ a, b *string }
+
+func (s *sameAddr) String() string {
+	if s.a == nil {
+		return ""
+	}
+	return *s.a
+}
+
+func (s *sameAddr) Set(v string) error {
+	*s.a, *s.b = v, v
+	return nil
+}
+
+func (s *sameAddr) Type() string { return "string" }

@@ -6,8 +6,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/manifest"
 	"github.com/detourmesh/detour/iptables"
-	"github.com/detourmesh/detour/webhook"
 )
 
 // newRulesCommand returns `detour rules`, the ruleset the CNI plugin would install for a pod.
@@ -58,7 +58,7 @@ inet detour shows it in the pod's namespace.`,
 				return err
 			}
 			defer closeIn()
-			name, a, err := webhook.PodAnnotations(in)
+			name, a, err := manifest.PodAnnotations(in)
 			if err != nil {
 				return fmt.Errorf("read %s: %w", file, err)
 			}

@@ -24,9 +24,12 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
   detour validate --port=4140
 
   # Check IPv6 too, with a 3 second bound:
-  detour validate --port=4140 --ipv6=on --timeout=3s`,
+  detour validate --port=4140 --ipv6=always --timeout=3s`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if m, ok := validator.DeprecatedIPv6[f.IPv6]; ok {
+				fmt.Fprintf(cmd.ErrOrStderr(), "--ipv6=%s is deprecated, use --ipv6=%s\n", f.IPv6, m)
+			}
 			cfg, err := f.Parse()
 			if err != nil {
 				return &ExitError{Code: validator.Code(err), Err: err}
@@ -47,7 +50,7 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 	fl.StringVar(&f.Sentinel, "sentinel", f.Sentinel, "IPv4 address:port outside the pod to connect to (a documentation address no network routes)")
 	fl.StringVar(&f.Sentinel6, "sentinel6", f.Sentinel6, "IPv6 [address]:port outside the pod to connect to")
 	fl.DurationVar(&f.Timeout, "timeout", f.Timeout, "bound of the whole check")
-	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `check IPv6 too: "auto" (when the pod has a global IPv6 address), "on" or "off"`)
+	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `check IPv6 too: "auto" (when the pod has a global IPv6 address), "always" or "never" ("on" and "off" are deprecated)`)
 	return cmd
 }
 

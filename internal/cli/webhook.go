@@ -2,7 +2,6 @@ package cli
 
 import (
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"runtime/debug"
@@ -10,15 +9,16 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/webhook"
 )
 
 // newWebhookCommand returns `detour webhook`, the injection webhook server.
 func newWebhookCommand() *cobra.Command {
 	o := webhook.Options{}
-	var configPath, kubeconfig, logLevel, logFormat string
+	var configPath, kubeconfig string
+	var logs logFlags
 	cmd := &cobra.Command{
 		Use:   "webhook",
 		Short: "Serve the pod injection webhook (mutating admission, TLS)",
@@ -36,21 +36,18 @@ names the field. See docs/webhook.md.`,
   detour webhook --kubeconfig ~/.kube/config --config webhook.yaml --cert-dir ./certs --log-level=debug`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := newLogger(logLevel, logFormat)
+			log, err := logs.setUp(cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
-			cfg, err := webhook.LoadConfig(configPath)
+			cfg, err := inject.LoadConfig(configPath)
 			if err != nil {
 				return fmt.Errorf("%w; the webhook does not start with an invalid configuration", err)
 			}
-			rules := clientcmd.NewDefaultClientConfigLoadingRules()
-			rules.ExplicitPath = kubeconfig
-			rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+			rc, err := restConfig(kubeconfig, "detour-webhook")
 			if err != nil {
-				return fmt.Errorf("load the API server configuration (in-cluster, or --kubeconfig): %w", err)
+				return err
 			}
-			rc.UserAgent = "detour-webhook"
 			o.Config, o.RESTConfig, o.Logger = cfg, rc, log
 			gcPercent, memLimit := setGCDefaults(os.Getenv, "/sys/fs/cgroup")
 			log.Info("garbage collector", "gcPercent", gcPercent, "memoryLimitBytes", memLimit)
@@ -58,7 +55,7 @@ names the field. See docs/webhook.md.`,
 		},
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&configPath, "config", webhook.DefaultConfigPath, "configuration file (YAML); see docs/webhook.md")
+	fl.StringVar(&configPath, "config", inject.DefaultConfigPath, "configuration file (YAML); see docs/webhook.md")
 	fl.StringVar(&o.CertDir, "cert-dir", "/etc/detour/webhook/tls", "directory of the serving certificate and key (watched for rotation)")
 	fl.StringVar(&o.CertName, "cert-name", "tls.crt", "certificate file name in --cert-dir")
 	fl.StringVar(&o.KeyName, "key-name", "tls.key", "key file name in --cert-dir")
@@ -72,9 +69,8 @@ names the field. See docs/webhook.md.`,
 	fl.StringVar(&o.CertSecret, "cert-secret", "", "keep the webhook's own CA and serving certificate in this Secret of --namespace, write them to --cert-dir and renew them (empty: the certificate comes from elsewhere, e.g. cert-manager)")
 	fl.StringVar(&o.ServiceName, "service-name", "detour-webhook", "the webhook's Service, whose DNS names the self-managed certificate is for")
 	fl.StringVar(&o.WebhookConfiguration, "webhook-configuration", "", "MutatingWebhookConfiguration whose caBundle the webhook keeps current (with --cert-secret)")
-	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default in-cluster, or $KUBECONFIG)")
-	fl.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error (debug logs every admission)")
-	fl.StringVar(&logFormat, "log-format", "json", "json or text")
+	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, else in-cluster)")
+	logs.add(fl, "json") // debug logs every admission
 	return cmd
 }
 
@@ -119,20 +115,4 @@ func cgroupMemoryLimit(root string) (int64, bool) {
 		return n, true
 	}
 	return 0, false
-}
-
-// newLogger returns the structured logger of a long-running command, on stderr.
-func newLogger(level, format string) (*slog.Logger, error) {
-	var l slog.Level
-	if err := l.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: l}
-	switch strings.ToLower(format) {
-	case "json":
-		return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
-	case "text":
-		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: use json or text", format)
 }

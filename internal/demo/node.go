@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/netlab"
 	"github.com/detourmesh/detour/internal/origdst"
 	"github.com/detourmesh/detour/iptables"
@@ -198,7 +199,7 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 	nd.agentLog = filepath.Join(d.work, "install-cni.log")
 	nd.agentArgs = []string{"--cni-conf-dir", nd.confDir, "--host-cni-conf-dir", nd.confDir, "--cni-bin-dir", nd.binDir,
 		"--plugin-source", d.DetourCNI, "--service-account-dir", saDir, "--api-server", d.cfg.Host,
-		"--node-name", nodeName, "--kubeconfig", d.kubeconfig, "--resync-interval", "1s", "--health-addr", "127.0.0.1:0"}
+		"--node-name", nodeName, "--kubeconfig", d.kubeconfig, "--resync-interval", "1s", "--health-probe-bind-address", "127.0.0.1:0"}
 	d.onCleanup(func() {
 		// Also after an interruption: leave nothing of detour's in the demo's CNI directories.
 		_ = exec.Command(d.Detour, append([]string{"install-cni", "--uninstall"}, nd.agentArgs...)...).Run()
@@ -547,21 +548,10 @@ func containerNamed(cs []corev1.Container, name string) *corev1.Container {
 // pod's; explicit is false when the UID is left to the image (the GID may still be set: a
 // dedicated GID keeps the image's user).
 func containerIdentity(pod *corev1.Pod, c corev1.Container) (id netlab.Identity, explicit bool) {
-	var uid, gid *int64
-	if psc := pod.Spec.SecurityContext; psc != nil {
-		uid, gid = psc.RunAsUser, psc.RunAsGroup
-	}
-	if sc := c.SecurityContext; sc != nil {
-		if sc.RunAsUser != nil {
-			uid = sc.RunAsUser
-		}
-		if sc.RunAsGroup != nil {
-			gid = sc.RunAsGroup
-		}
-	}
-	if gid != nil {
+	if gid := inject.EffectiveGID(pod, &c); gid != nil {
 		id.GID = uint32(*gid)
 	}
+	uid := inject.EffectiveUID(pod, &c)
 	if uid == nil {
 		return id, false
 	}

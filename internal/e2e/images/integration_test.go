@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
-	"github.com/detourmesh/detour/webhook"
 )
 
 // TestIntegrationTestProxy runs the built testproxy and workload binaries in a pod-like network
@@ -30,7 +30,7 @@ import (
 //   - /ready answers, and every program exits 0 on SIGTERM.
 func TestIntegrationTestProxy(t *testing.T) {
 	testenv.Privileged(t)
-	const appUID, proxyUID = 1500, webhook.DefaultProxyUID
+	const appUID, proxyUID = 1500, inject.DefaultProxyUID
 	ctx := context.Background()
 
 	// Binaries the proxy and app UIDs may execute (t.TempDir's parents are private).
@@ -55,8 +55,8 @@ func TestIntegrationTestProxy(t *testing.T) {
 		rs, err := iptables.Build(iptables.Config{
 			Family:       f,
 			ProxyUID:     proxyUID,
-			InboundPort:  webhook.DefaultProxyInboundPort,
-			OutboundPort: webhook.DefaultProxyOutboundPort,
+			InboundPort:  inject.DefaultProxyInboundPort,
+			OutboundPort: inject.DefaultProxyOutboundPort,
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -75,7 +75,7 @@ func TestIntegrationTestProxy(t *testing.T) {
 	// The admin port, from inside the pod.
 	var ready string
 	if err := pod.Do(func() error {
-		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", webhook.DefaultProxyAdminPort), 5*time.Second)
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", inject.DefaultProxyAdminPort), 5*time.Second)
 		if err != nil {
 			return err
 		}

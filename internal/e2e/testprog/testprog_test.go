@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/webhook"
+	"github.com/detourmesh/detour/inject"
 )
 
 // syncBuffer is a bytes.Buffer that a program writes to while the test reads it.
@@ -186,9 +186,9 @@ func TestProxyDefaultPorts(t *testing.T) {
 		addr string
 		port int
 	}{
-		{DefaultOutbound, webhook.DefaultProxyOutboundPort},
-		{DefaultInbound, webhook.DefaultProxyInboundPort},
-		{DefaultAdmin, webhook.DefaultProxyAdminPort},
+		{DefaultOutbound, inject.DefaultProxyOutboundPort},
+		{DefaultInbound, inject.DefaultProxyInboundPort},
+		{DefaultAdmin, inject.DefaultProxyAdminPort},
 	} {
 		if c.addr != fmt.Sprintf(":%d", c.port) {
 			t.Errorf("proxy default %s, webhook's port %d", c.addr, c.port)

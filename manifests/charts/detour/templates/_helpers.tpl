@@ -36,9 +36,9 @@ to detour's own image. */}}
 {{- define "detour.pluginEntryFlags" -}}
 - --api-timeout={{ .Values.nodeAgent.plugin.apiTimeout }}
 - --iptables-backend={{ .Values.nodeAgent.plugin.iptablesBackend }}
-- --log-level={{ .Values.nodeAgent.plugin.logLevel }}
+- --plugin-log-level={{ .Values.nodeAgent.plugin.logLevel }}
 {{- with .Values.nodeAgent.plugin.logFile }}
-- --log-file={{ . }}
+- --plugin-log-file={{ . }}
 {{- end }}
 - --exclude-namespaces={{ join "," .Values.nodeAgent.plugin.excludeNamespaces }}
 - --ipv6={{ .Values.nodeAgent.plugin.ipv6 }}

@@ -1,4 +1,4 @@
-package webhook
+package fastpath
 
 import (
 	"bytes"
@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// podPatch returns the JSON patch that turns the request's pod JSON into mutated, or ok false
+// Patch returns the JSON patch that turns the request's pod JSON into mutated, or ok false
 // when the change is not the shape it handles (the caller then diffs the whole documents).
 //
 // The patch is computed from the typed pods, never written by hand: annotations key by key,
@@ -27,7 +27,7 @@ import (
 // so the generic array diff rewrites them all field by field. Fields the typed Pod does not know
 // (a newer API server's) are never touched: a changed container's diff is taken from its raw
 // JSON, less what merely decoding and encoding it changes.
-func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOperation, bool) {
+func Patch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOperation, bool) {
 	// A pod without a spec (never a real one) may lack the "spec" member the paths need.
 	if !sameExceptAnnotationsAndContainers(orig, mutated) || reflect.ValueOf(&orig.Spec).Elem().IsZero() {
 		return nil, false
@@ -93,7 +93,7 @@ func podPatch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOp
 }
 
 // sameExceptAnnotationsAndContainers reports whether the mutation changed nothing but what
-// podPatch diffs.
+// Patch diffs.
 func sameExceptAnnotationsAndContainers(a, b *corev1.Pod) bool {
 	x, y := *a, *b
 	x.Annotations, y.Annotations = nil, nil
@@ -367,11 +367,11 @@ func escape(s string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(s, "~", "~0"), "/", "~1")
 }
 
-// marshalPatch encodes ops exactly as json.Marshal does (which admission.Response.Complete
+// MarshalPatch encodes ops exactly as json.Marshal does (which admission.Response.Complete
 // uses), but each value once: jsonpatch.Operation's MarshalJSON encodes the operation, and
 // json.Marshal then scans and compacts what it returned, which cost about a tenth of an
 // admission (docs/benchmarks-webhook.md).
-func marshalPatch(ops []jsonpatch.JsonPatchOperation) ([]byte, error) {
+func MarshalPatch(ops []jsonpatch.JsonPatchOperation) ([]byte, error) {
 	if ops == nil {
 		return []byte("null"), nil
 	}
@@ -414,7 +414,7 @@ func marshalPatch(ops []jsonpatch.JsonPatchOperation) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
-// patchSizeHint is the capacity marshalPatch starts with.
+// patchSizeHint is the capacity MarshalPatch starts with.
 var patchSizeHint atomic.Int64
 
 func init() { patchSizeHint.Store(4096) }

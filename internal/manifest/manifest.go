@@ -1,4 +1,7 @@
-package webhook
+// Package manifest reads Kubernetes manifests for the offline commands: [InjectStream] applies
+// the webhook's mutation to every pod and pod template of a YAML or JSON stream (`detour
+// inject`), [PodAnnotations] finds the one pod template whose annotations `detour rules` reads.
+package manifest
 
 import (
 	"bufio"
@@ -17,11 +20,12 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 )
 
 // InjectOptions configure [InjectStream].
 type InjectOptions struct {
-	Config *Config
+	Config *inject.Config
 	// NamespaceAnnotations stand for the annotations of every document's namespace. Nil means
 	// an opted-in namespace ({detour.dev/inject: enabled}): injecting is what the caller asked.
 	NamespaceAnnotations map[string]string
@@ -53,7 +57,7 @@ var podTemplatePaths = map[string][]string{
 	"PodTemplate":           {"template"},
 }
 
-// InjectStream applies [Mutate], as the webhook would, to every pod and pod template in a YAML
+// InjectStream applies [inject.Mutate], as the webhook would, to every pod and pod template in a YAML
 // or JSON stream (several documents, Lists, any workload kind) and writes the stream back as
 // YAML. Documents without pods, and pods that are not injected, are written unchanged, byte
 // for byte; in injected ones only what the mutation changed differs (keys come out sorted).
@@ -215,7 +219,7 @@ func injectObject(obj map[string]any, namespace string, o InjectOptions) (bool, 
 	if err != nil {
 		return false, notices, fmt.Errorf("%s: %w", name, err)
 	}
-	if res.Outcome == Skipped {
+	if res.Outcome == inject.Skipped {
 		notices = append(notices, Notice{name, "not injected (" + res.Reason + ")"})
 	}
 	return changed, notices, nil
@@ -246,17 +250,17 @@ func podOf(template map[string]any) (*corev1.Pod, error) {
 }
 
 // injectTemplate mutates template in place and reports whether it changed.
-func injectTemplate(template map[string]any, namespace string, o InjectOptions) (bool, Result, error) {
+func injectTemplate(template map[string]any, namespace string, o InjectOptions) (bool, inject.Result, error) {
 	orig, err := podOf(template)
 	if err != nil {
-		return false, Result{}, err
+		return false, inject.Result{}, err
 	}
 	pod := orig.DeepCopy()
-	res, err := Mutate(pod, Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars}, o.Config)
+	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars}, o.Config)
 	if err != nil || equality.Semantic.DeepEqual(orig, pod) {
 		return false, res, err
 	}
-	if _, own := pod.Annotations[annotations.Inject]; o.assumeOptIn && res.Outcome == Injected && !own {
+	if _, own := pod.Annotations[annotations.Inject]; o.assumeOptIn && res.Outcome == inject.Injected && !own {
 		// The pod was injected as if its namespace were opted in; it carries that opt-in
 		// itself, so that the webhook injects it again, the same way, wherever it is applied,
 		// instead of skipping it (and removing detour's containers) in a namespace that is not.

@@ -1,7 +1,8 @@
-package webhook
+package inject
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -98,6 +99,12 @@ type DenialError struct{ Reasons []string }
 
 func (e *DenialError) Error() string {
 	return "detour: " + strings.Join(e.Reasons, "; ")
+}
+
+// IsDenial reports whether err from [Mutate] is a denial of the pod rather than an internal error.
+func IsDenial(err error) bool {
+	var d *DenialError
+	return errors.As(err, &d)
 }
 
 func deny(format string, args ...any) *DenialError {

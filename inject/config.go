@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"bytes"
@@ -279,9 +279,20 @@ func (f *File) complete() (*Config, error) {
 		}
 	}
 	c := &Config{}
-	var err error
+	f.completeProxy(c, check)
+	f.completeValidator(c, check)
+	f.completeInitEgress(c, check)
+	f.completeGIDRange(c, check)
+	f.completePolicies(c, check)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return c, nil
+}
 
-	// Proxy.
+// completeProxy fills in c.Proxy from the proxy section; check collects the errors.
+func (f *File) completeProxy(c *Config, check func(error)) {
+	var err error
 	p := f.Proxy
 	c.Proxy.Image = strings.TrimSpace(p.Image)
 	if c.Proxy.Image == "" {
@@ -333,8 +344,12 @@ func (f *File) complete() (*Config, error) {
 	c.Proxy.ReadinessProbe = probe(p.ReadinessProbe)
 	c.Proxy.LivenessProbe = probe(p.LivenessProbe)
 	c.Proxy.StartupProbe = probe(p.StartupProbe)
+}
 
-	// Validator.
+// completeValidator fills in c.Validator from the validator section (after the proxy, whose
+// UID the validator must not share).
+func (f *File) completeValidator(c *Config, check func(error)) {
+	var err error
 	v := f.Validator
 	c.Validator.Image = strings.TrimSpace(v.Image)
 	if c.Validator.Image == "" {
@@ -381,8 +396,10 @@ func (f *File) complete() (*Config, error) {
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
 	check(checkResources("validator.resources", c.Validator.Resources))
+}
 
-	// Init-container egress.
+// completeInitEgress fills in the default init-container selection.
+func (f *File) completeInitEgress(c *Config, check func(error)) {
 	c.InitEgress = annotations.InitEgressSelection{All: true}
 	if f.InitEgress != "" {
 		sel, err := annotations.ParseInitEgress(f.InitEgress)
@@ -395,6 +412,11 @@ func (f *File) complete() (*Config, error) {
 		}
 		c.InitEgress = sel
 	}
+}
+
+// completeGIDRange fills in the reserved GID range (after the proxy and the validator, whose
+// GIDs it must not hold).
+func (f *File) completeGIDRange(c *Config, check func(error)) {
 	first, last := int64(DefaultGIDFirst), int64(DefaultGIDLast)
 	if f.GIDRange.First != nil {
 		first = *f.GIDRange.First
@@ -420,7 +442,10 @@ func (f *File) complete() (*Config, error) {
 			check(invalid("gidRange", c.GIDRange, "the range holds the validator's GID %d, which must never be exempt; move one of them", c.Validator.GID))
 		}
 	}
+}
 
+// completePolicies fills in the conflict policy, the sidecar mode and the excluded namespaces.
+func (f *File) completePolicies(c *Config, check func(error)) {
 	switch ConflictPolicy(f.ConflictPolicy) {
 	case "":
 		c.ConflictPolicy = ConflictWarn
@@ -448,10 +473,6 @@ func (f *File) complete() (*Config, error) {
 			c.ExcludeNamespaces = append(c.ExcludeNamespaces, ns)
 		}
 	}
-	if len(errs) > 0 {
-		return nil, errors.Join(errs...)
-	}
-	return c, nil
 }
 
 func defaultProxyResources() corev1.ResourceRequirements {

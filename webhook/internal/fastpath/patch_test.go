@@ -1,4 +1,4 @@
-package webhook
+package fastpath
 
 import (
 	"bytes"
@@ -11,8 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	sigsjson "sigs.k8s.io/json"
-
-	"github.com/detourmesh/detour/webhook/load"
 )
 
 // fieldOps, applied to the JSON of a (as the API server sent it, with a field this version does
@@ -84,9 +82,9 @@ func TestFieldOps(t *testing.T) {
 	}
 }
 
-// marshalPatch writes what json.Marshal writes, byte for byte.
+// MarshalPatch writes what json.Marshal writes, byte for byte.
 func TestMarshalPatch(t *testing.T) {
-	c := load.Pod().Spec.Containers[0]
+	c := testContainer("api", 1000)
 	c.Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1.5")
 	var nilPtr *int64
 	for _, ops := range [][]gomodjsonpatch.JsonPatchOperation{
@@ -110,13 +108,13 @@ func TestMarshalPatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := marshalPatch(ops)
+		got, err := MarshalPatch(ops)
 		if err != nil || !bytes.Equal(got, want) {
-			t.Errorf("marshalPatch = %s, %v\njson.Marshal = %s", got, err, want)
+			t.Errorf("MarshalPatch = %s, %v\njson.Marshal = %s", got, err, want)
 		}
 	}
-	if _, err := marshalPatch([]gomodjsonpatch.JsonPatchOperation{gomodjsonpatch.NewOperation("add", "/f", func() {})}); err == nil {
-		t.Error("marshalPatch encoded a function")
+	if _, err := MarshalPatch([]gomodjsonpatch.JsonPatchOperation{gomodjsonpatch.NewOperation("add", "/f", func() {})}); err == nil {
+		t.Error("MarshalPatch encoded a function")
 	}
 }
 
@@ -126,8 +124,8 @@ func FuzzMarshalPatch(f *testing.F) {
 	f.Fuzz(func(t *testing.T, op, path, value string) {
 		ops := []gomodjsonpatch.JsonPatchOperation{gomodjsonpatch.NewOperation(op, path, value), gomodjsonpatch.NewOperation(op, path, nil)}
 		want, _ := json.Marshal(ops)
-		if got, _ := marshalPatch(ops); !bytes.Equal(got, want) {
-			t.Fatalf("marshalPatch = %s\njson.Marshal = %s", got, want)
+		if got, _ := MarshalPatch(ops); !bytes.Equal(got, want) {
+			t.Fatalf("MarshalPatch = %s\njson.Marshal = %s", got, want)
 		}
 	})
 }

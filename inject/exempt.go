@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"fmt"
@@ -38,9 +38,9 @@ func (e exemptions) ids(v Via) []uint32 {
 	return slices.Compact(ids)
 }
 
-// identity is the effective user or group of a container: its own, else the pod's default.
-// nil means the image decides (unknown at admission).
-func effectiveUID(pod *corev1.Pod, c *corev1.Container) *int64 {
+// EffectiveUID is the user a container runs as: its own runAsUser, else the pod's. nil means
+// the image decides (unknown at admission). The demo resolves identities with it too.
+func EffectiveUID(pod *corev1.Pod, c *corev1.Container) *int64 {
 	if c.SecurityContext != nil && c.SecurityContext.RunAsUser != nil {
 		return c.SecurityContext.RunAsUser
 	}
@@ -50,7 +50,9 @@ func effectiveUID(pod *corev1.Pod, c *corev1.Container) *int64 {
 	return nil
 }
 
-func effectiveGID(pod *corev1.Pod, c *corev1.Container) *int64 {
+// EffectiveGID is the group a container runs as: its own runAsGroup, else the pod's. nil means
+// the image decides.
+func EffectiveGID(pod *corev1.Pod, c *corev1.Container) *int64 {
 	if c.SecurityContext != nil && c.SecurityContext.RunAsGroup != nil {
 		return c.SecurityContext.RunAsGroup
 	}
@@ -101,7 +103,7 @@ func behindProxy(pod *corev1.Pod, cfg *Config) exemptions {
 }
 
 // decide makes, in container mode, each init container selected by detour.dev/init-egress
-// exemptible as SPEC.md's exemption rules say:
+// exemptible by these rules:
 //   - a non-root UID set on the container itself, that no container which must stay
 //     redirected uses, that is not the pod's default runAsUser and not the validator's, is
 //     exempt by UID;
@@ -125,15 +127,15 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	var others []other
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
-		others = append(others, other{fmt.Sprintf("app container %q", c.Name), effectiveUID(pod, c)})
+		others = append(others, other{fmt.Sprintf("app container %q", c.Name), EffectiveUID(pod, c)})
 	}
 	for i := range inits {
 		c := &inits[i]
 		switch {
 		case isSidecar(c):
-			others = append(others, other{fmt.Sprintf("sidecar %q", c.Name), effectiveUID(pod, c)})
+			others = append(others, other{fmt.Sprintf("sidecar %q", c.Name), EffectiveUID(pod, c)})
 		case !s.initEgress.Selects(c.Name):
-			others = append(others, other{fmt.Sprintf("init container %q (not selected)", c.Name), effectiveUID(pod, c)})
+			others = append(others, other{fmt.Sprintf("init container %q (not selected)", c.Name), EffectiveUID(pod, c)})
 		}
 	}
 
@@ -150,7 +152,7 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	for i := range inits {
 		c := &inits[i]
 		d := decision{Decision: Decision{Container: c.Name}, index: i}
-		uid := effectiveUID(pod, c)
+		uid := EffectiveUID(pod, c)
 		switch {
 		case isSidecar(c):
 			d.Via = Sidecar
@@ -296,13 +298,13 @@ func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
 		}
 	}
 	for i := range pod.Spec.Containers {
-		add(effectiveGID(pod, &pod.Spec.Containers[i]))
-		add(effectiveUID(pod, &pod.Spec.Containers[i]))
+		add(EffectiveGID(pod, &pod.Spec.Containers[i]))
+		add(EffectiveUID(pod, &pod.Spec.Containers[i]))
 	}
 	for i := range pod.Spec.InitContainers {
-		add(effectiveUID(pod, &pod.Spec.InitContainers[i]))
+		add(EffectiveUID(pod, &pod.Spec.InitContainers[i]))
 		if !slices.Contains(needGID, i) {
-			add(effectiveGID(pod, &pod.Spec.InitContainers[i]))
+			add(EffectiveGID(pod, &pod.Spec.InitContainers[i]))
 		}
 	}
 	return used
@@ -311,7 +313,7 @@ func usedGIDs(pod *corev1.Pod, cfg *Config, needGID []int) map[uint32]bool {
 // runsAsProxy reports whether container c runs as the proxy's UID, whose traffic is never
 // redirected.
 func runsAsProxy(pod *corev1.Pod, c *corev1.Container, cfg *Config) bool {
-	uid := effectiveUID(pod, c)
+	uid := EffectiveUID(pod, c)
 	return uid != nil && *uid == int64(cfg.Proxy.UID)
 }
 

@@ -1,4 +1,4 @@
-package webhook
+package inject
 
 import (
 	"errors"
@@ -663,8 +663,10 @@ func find(cs []corev1.Container, name string) *corev1.Container {
 	return nil
 }
 
-// checkInvariants holds for every injected pod: the security rules of SPEC.md, the container
-// layout, and annotations the plugin can read.
+// checkInvariants holds for every injected pod: the security rules (root, the validator, the
+// pod's default identity and every container that must stay redirected are never exempt;
+// exempt GIDs come from the reserved range), the container layout, and annotations the plugin
+// can read.
 func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 	t.Helper()
 	r, err := annotations.ParseRedirect(pod.Annotations)
@@ -742,13 +744,13 @@ func checkInvariants(t *testing.T, pod *corev1.Pod, cfg *Config) {
 		if c.Name == annotations.ProxyContainer {
 			continue
 		}
-		if uid := effectiveUID(pod, c); uid != nil && slices.Contains(r.ExemptUIDs, uint32(*uid)) {
+		if uid := EffectiveUID(pod, c); uid != nil && slices.Contains(r.ExemptUIDs, uint32(*uid)) {
 			t.Errorf("container %q runs as exempt UID %d", c.Name, *uid)
 		}
-		if uid := effectiveUID(pod, c); uid == nil && len(r.ExemptUIDs) > 0 {
+		if uid := EffectiveUID(pod, c); uid == nil && len(r.ExemptUIDs) > 0 {
 			t.Errorf("container %q runs as its image's user while UIDs %v are exempt", c.Name, r.ExemptUIDs)
 		}
-		if gid := effectiveGID(pod, c); gid != nil && slices.Contains(r.ExemptGIDs, uint32(*gid)) {
+		if gid := EffectiveGID(pod, c); gid != nil && slices.Contains(r.ExemptGIDs, uint32(*gid)) {
 			t.Errorf("container %q runs with exempt GID %d", c.Name, *gid)
 		}
 	}

@@ -1,4 +1,7 @@
-package webhook
+// Package certs keeps the webhook's own certificate authority and serving certificate in a
+// Secret shared by the replicas, writes the serving pair for the server's certificate watcher
+// and keeps the MutatingWebhookConfiguration's caBundle current ([Certificates]).
+package certs
 
 import (
 	"bytes"
@@ -12,7 +15,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
-	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -22,6 +24,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // Keys of the certificate Secret.
@@ -96,7 +101,7 @@ func (c *Certificates) Ensure(ctx context.Context) error {
 		switch {
 		case apierrors.IsNotFound(err):
 			s = &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: c.SecretName, Namespace: c.Namespace,
-				Labels: map[string]string{PartOfLabel: PartOfValue}}, Type: corev1.SecretTypeOpaque}
+				Labels: map[string]string{inject.PartOfLabel: inject.PartOfValue}}, Type: corev1.SecretTypeOpaque}
 		case err != nil:
 			return fmt.Errorf("read secret %s/%s: %w", c.Namespace, c.SecretName, err)
 		}
@@ -145,7 +150,10 @@ func (c *Certificates) renew(s *corev1.Secret) (bool, error) {
 			return false, err
 		}
 		trusted := pemCert(ca)
-		// Keep trusting the previous CA while certificates it signed may still be served.
+		// The old CA stays in the bundle next to the new one until it expires: the API server
+		// trusts one caBundle for every replica, and until each replica has picked up a
+		// serving certificate the new CA signs (renewal waits caPublishDelay for that), some
+		// still serve one the old CA signed; dropping it now would fail their admissions.
 		if len(bundle) > 0 && now.Before(bundle[0].NotAfter) {
 			trusted = append(trusted, pemCert(bundle[0])...)
 		}
@@ -191,39 +199,11 @@ func (c *Certificates) writeFiles(s *corev1.Secret) error {
 		name string
 		data []byte
 	}{{c.KeyName, s.Data[SecretKey]}, {c.CertName, s.Data[SecretCert]}} {
-		path := filepath.Join(c.CertDir, f.name)
-		if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, f.data) {
-			continue
-		}
-		if err := writeAtomic(path, f.data); err != nil {
+		if _, err := fsutil.WriteFileAtomic(filepath.Join(c.CertDir, f.name), f.data, 0o600); err != nil {
 			return fmt.Errorf("write the webhook certificate: %w", err)
 		}
 	}
 	return nil
-}
-
-func writeAtomic(path string, data []byte) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-"+filepath.Base(path))
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
 
 // setCABundle sets caBundle on every webhook of the configuration that lacks it.

@@ -1,4 +1,4 @@
-package webhook
+package fastpath
 
 import (
 	"reflect"
@@ -7,13 +7,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	sigsjson "sigs.k8s.io/json"
-
-	"github.com/detourmesh/detour/webhook/load"
 )
 
 // deepEqual agrees with reflect.DeepEqual.
 func TestDeepEqual(t *testing.T) {
-	base := load.Pod().Spec.Containers[0]
+	base := testContainer("api", 1000)
 	for _, tc := range []struct {
 		name   string
 		change func(*corev1.Container)
@@ -56,9 +54,9 @@ func TestDeepEqual(t *testing.T) {
 
 // Any two pods decoded from JSON: deepEqual agrees with reflect.DeepEqual.
 func FuzzDeepEqual(f *testing.F) {
-	raw := podJSON(f, load.Pod())
+	raw := testPodJSON(f, testContainer("migrate", 0), testContainer("fetch", 1001))
 	f.Add(raw, raw)
-	f.Add(raw, podJSON(f, newPod(inits(container("migrate", 0, unset)))))
+	f.Add(raw, testPodJSON(f, testContainer("migrate", 0)))
 	f.Add([]byte(`{"spec":{"containers":[]}}`), []byte(`{"spec":{"containers":null}}`))
 	f.Add([]byte(`{"metadata":{"labels":{}}}`), []byte(`{"metadata":{}}`))
 	f.Fuzz(func(t *testing.T, ja, jb []byte) {

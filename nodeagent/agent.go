@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -65,6 +66,8 @@ type Agent struct {
 	runtime    string
 	runtimeAt  time.Time
 	modeLogged string
+	// passes counts the reconcile passes Run has finished (tests wait on it).
+	passes atomic.Int64
 
 	mu     sync.Mutex
 	status Status
@@ -853,6 +856,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	reconcile := func() {
 		a.resolveOwner(ctx)
 		a.reconcileAndLog(ctx)
+		a.passes.Add(1)
 		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry. A time
 		// already past means this reconcile stopped before the token (no primary yet, say):
 		// the resync and file events cover that, and a timer of zero would spin.

@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -65,6 +66,8 @@ type Agent struct {
 	runtime    string
 	runtimeAt  time.Time
 	modeLogged string
+	// passes counts the reconcile passes Run has finished (tests wait on it).
+	passes atomic.Int64
 
 	mu     sync.Mutex
 	status Status
@@ -853,6 +856,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	reconcile := func() {
 		a.resolveOwner(ctx)
 		a.reconcileAndLog(ctx)
+		a.passes.Add(1)
 		// Re-arm the timer for the plugin token's next event: refresh, retry or expiry. A time
 		// already past means this reconcile stopped before the token (no primary yet, say):
 		// the resync and file events cover that, and a timer of zero would spin.
@@ -937,131 +941,4 @@ func (a *Agent) reconcileAndLog(ctx context.Context) {
 	if err == nil {
 		a.lastErr = ""
 	}
-}
-
-// Uninstall removes what the agent installed: detour's entry from every conflist in the
-// directory first; then — only once no file the runtime loads holds an entry, since an entry
-// without its binary fails every pod's sandbox with "plugin not found" — the plugin binary, the
-// kubeconfig and the token copy; and the node's ready label. It goes on after an error where
-// that is safe and returns them all; running it again finishes the job.
-func (a *Agent) Uninstall(ctx context.Context) error {
-	var errs []error
-	if err := a.removeAllEntries(); err != nil {
-		errs = append(errs, err)
-		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
-	} else {
-		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath, filepath.Join(a.cfg.ConfDir, ModeFileName)} {
-			if removed, err := removeFile(f); err != nil {
-				errs = append(errs, err)
-			} else if removed {
-				a.log.Info("removed", "file", f)
-			}
-		}
-	}
-	if a.node != nil {
-		if err := a.node.unlabel(ctx); err != nil {
-			errs = append(errs, err)
-		} else {
-			a.log.Info("removed the node's ready label", "node", a.node.name)
-		}
-	}
-	err := errors.Join(errs...)
-	if err != nil {
-		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
-	} else {
-		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
-	}
-	return err
-}
-
-// removeAllEntries removes detour's entries from every configuration file in the directory and
-// then checks that none is left; it returns every failure.
-func (a *Agent) removeAllEntries() error {
-	var errs []error
-	if _, err := a.removeDropIns(""); err != nil {
-		errs = append(errs, err)
-	}
-	files, err := libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
-	if err != nil {
-		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
-	}
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
-			continue
-		}
-		if !hasEntry(data) {
-			continue
-		}
-		out, changed, err := RemoveEntries(data)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
-			continue
-		}
-		target, err := a.editable(f)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
-			continue
-		}
-		if changed {
-			if _, err := fsutil.WriteFileAtomic(target, out, fileMode(target)); err != nil {
-				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
-				continue
-			}
-			a.log.Info("removed detour's entry", "file", f)
-		}
-	}
-	if len(errs) > 0 {
-		return errors.Join(errs...)
-	}
-	// Read everything again: a file written meanwhile (by the primary, or by an agent that is
-	// still running) may hold an entry again.
-	files, err = libcni.ConfFiles(a.cfg.ConfDir, configExtensions)
-	if err != nil {
-		return fmt.Errorf("list %s: %w", a.cfg.ConfDir, err)
-	}
-	for _, f := range files {
-		if data, err := os.ReadFile(f); err != nil {
-			errs = append(errs, fmt.Errorf("read %s: %w", f, err))
-		} else if hasEntry(data) {
-			errs = append(errs, fmt.Errorf("%s holds detour's entry again", f))
-		}
-	}
-	if again, err := dropInFiles(a.cfg.ConfDir); err != nil {
-		errs = append(errs, err)
-	} else if len(again) > 0 {
-		errs = append(errs, fmt.Errorf("detour's drop-in is there again: %s", strings.Join(again, ", ")))
-	}
-	return errors.Join(errs...)
-}
-
-// UninstallAndHold is `--uninstall --hold`: it uninstalls like Uninstall, retrying with backoff
-// (1s doubling to 1m) until that succeeds, then holds — Ready reports the node clean — until ctx
-// ends, and returns nil. A DaemonSet running it shows through its readiness, and `kubectl
-// rollout status`, when every node is clean. Stopped before the uninstall succeeded, it returns
-// the last error.
-func (a *Agent) UninstallAndHold(ctx context.Context) error {
-	a.setStatus(Status{Reason: "uninstalling detour from this node"})
-	backoff := time.Second
-	for {
-		err := a.Uninstall(ctx)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("stopped before detour was uninstalled: %w", err)
-		}
-		a.log.Error("uninstall failed; retrying", "retryIn", backoff, "err", err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("stopped before detour was uninstalled: %w", err)
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, time.Minute)
-	}
-	a.log.Info("detour is uninstalled from this node; holding until SIGTERM (--hold)")
-	<-ctx.Done()
-	a.log.Info("stopping")
-	return nil
 }

@@ -578,9 +578,11 @@ func TestRunRestoresRewrittenPrimary(t *testing.T) {
 	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("stale temporary file not removed: %v", err)
 	}
-	// No write loop: once restored, the agent leaves the file alone.
+	// No write loop: once restored, the agent leaves the file alone. Two more passes (the resync
+	// brings them) mean at least one whole pass began after the snapshot; a loop would write.
 	settled := inodes(t, e.confDir)
-	time.Sleep(300 * time.Millisecond) // many debounce periods
+	passes := nodeagent.Passes(a)
+	eventually(t, "the agent has looked again", func() bool { return nodeagent.Passes(a) >= passes+2 })
 	if now := inodes(t, e.confDir); !equalMaps(settled, now) {
 		t.Errorf("the agent kept writing after the entry was in place")
 	}

@@ -362,16 +362,23 @@ func TestRunTokenDueWithoutPrimaryDoesNotSpin(t *testing.T) {
 	a := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithTokenRefreshFraction(0.001), nodeagent.WithClock(now))
 	run(t, a)
 	eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
+	// The token was requested before the agent was ready: it is due by 600ms from now.
+	due := time.Now().Add(time.Second)
 	os.Remove(primary)
 	eventually(t, "the agent sees the primary gone", func() bool { _, r := a.Ready(); return strings.Contains(r, "waiting for the primary") })
 	mu.Lock()
 	before := calls
 	mu.Unlock()
-	time.Sleep(time.Second) // past the refresh time
+	// Once the token is due, a file event makes the agent look again; the pass it finishes then
+	// began past the refresh time, where a spinning agent would have started to spin.
+	eventually(t, "the token is due", func() bool { return time.Now().After(due) })
+	passes := nodeagent.Passes(a)
+	writeFile(t, filepath.Join(e.binDir, "unrelated"), "a file event")
+	eventually(t, "the agent has looked again", func() bool { return nodeagent.Passes(a) > passes })
 	mu.Lock()
 	defer mu.Unlock()
 	if calls-before > 50 {
-		t.Errorf("the agent read its clock %d times in a second without a primary: it spins", calls-before)
+		t.Errorf("the agent read its clock %d times past the refresh time without a primary: it spins", calls-before)
 	}
 	if api.calls() != 1 {
 		t.Errorf("%d token requests without a primary, want only the first", api.calls())

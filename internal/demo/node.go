@@ -181,6 +181,9 @@ func (d *demo) rolloutAndUninstall(ctx context.Context, nd *node) {
 	}
 }
 
+// setUpNode plays the node's start: its CNI directories, the Node object and the plugin's
+// service account, then the node agent before and after the primary CNI writes its config, and
+// the "remote" network the pod talks to.
 func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 	nd := &node{confDir: filepath.Join(d.work, "etc/cni/net.d"), binDir: filepath.Join(d.work, "opt/cni/bin")}
 	for _, dir := range []string{nd.confDir, nd.binDir} {
@@ -195,7 +198,21 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := d.startAgent(ctx, nd, saDir); err != nil {
+		return nil, err
+	}
+	if err := d.writePrimary(ctx, nd); err != nil {
+		return nil, err
+	}
+	if err := d.attachRemote(ctx, nd); err != nil {
+		return nil, err
+	}
+	return nd, nil
+}
 
+// startAgent starts the node agent before the primary CNI has written its config, and shows
+// that it writes nothing and leaves the startup taint then.
+func (d *demo) startAgent(ctx context.Context, nd *node, saDir string) error {
 	nd.agentLog = filepath.Join(d.work, "install-cni.log")
 	nd.agentArgs = []string{"--cni-conf-dir", nd.confDir, "--host-cni-conf-dir", nd.confDir, "--cni-bin-dir", nd.binDir,
 		"--plugin-source", d.DetourCNI, "--service-account-dir", saDir, "--api-server", d.cfg.Host,
@@ -204,23 +221,29 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 		// Also after an interruption: leave nothing of detour's in the demo's CNI directories.
 		_ = exec.Command(d.Detour, append([]string{"install-cni", "--uninstall"}, nd.agentArgs...)...).Run()
 	})
+	var err error
 	if nd.agent, err = d.start(ctx, nd.agentLog, d.Detour, append([]string{"install-cni"}, nd.agentArgs...)...); err != nil {
-		return nil, err
+		return err
 	}
 	time.Sleep(1500 * time.Millisecond)
 	entries, _ := os.ReadDir(nd.confDir)
 	if !nd.agent.running() {
-		return nil, fmt.Errorf("the node agent exited:\n%s", tail(nd.agentLog))
+		return fmt.Errorf("the node agent exited:\n%s", tail(nd.agentLog))
 	}
 	if len(entries) == 0 && d.nodeTainted(ctx) {
 		d.n.OK("node agent started before the primary CNI's config: it wrote nothing and the node keeps its startup taint %s", annotations.CNINotReadyTaint)
 	} else {
 		d.n.Fail("with no primary CNI config the agent wrote %d file(s) or removed the taint", len(entries))
 	}
+	return nil
+}
 
+// writePrimary writes the primary CNI's config and waits until the agent has chained detour's
+// entry to it and removed the taint.
+func (d *demo) writePrimary(ctx context.Context, nd *node) error {
 	primary := filepath.Join(nd.confDir, "10-"+networkName+".conflist")
 	if err := os.WriteFile(primary, bridgeConfList(d.work), 0o644); err != nil {
-		return nil, err
+		return err
 	}
 	d.onCleanup(func() {
 		if link, err := netlink.LinkByName(bridgeName); err == nil {
@@ -233,42 +256,45 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 		b, _ := os.ReadFile(primary)
 		return strings.Contains(string(b), `"detour-cni"`) && !d.nodeTainted(ctx), nil
 	}); err != nil {
-		return nil, fmt.Errorf("the node agent did not install detour's entry and remove the taint: %w\n%s", err, tail(nd.agentLog))
+		return fmt.Errorf("the node agent did not install detour's entry and remove the taint: %w\n%s", err, tail(nd.agentLog))
 	}
 	d.n.OK("node agent appended detour-cni to it, installed the plugin and its kubeconfig, removed the taint and labelled the node %s=true (%s)",
 		annotations.CNIReadyLabel, time.Since(start).Round(100*time.Millisecond))
 	b, _ := os.ReadFile(primary)
 	d.n.Note("%s now chains: %s", filepath.Base(primary), pluginTypes(b))
+	return nil
+}
 
+// attachRemote installs the primary's plugins for libcni and attaches the "remote" network
+// namespace to the bridge, with a server in it.
+func (d *demo) attachRemote(ctx context.Context, nd *node) error {
 	for _, p := range []string{"bridge", "host-local", "loopback"} {
 		if err := copyFile(filepath.Join(d.TestBinDir, p), filepath.Join(nd.binDir, p)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	nd.cni = libcni.NewCNIConfigWithCacheDir([]string{nd.binDir}, filepath.Join(d.work, "cni-cache"),
 		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: io.Discard}})
 
 	// The "remote" network: another sandbox on the bridge, with the primary plugin only.
+	var err error
 	if nd.remote, err = d.newNetNS(); err != nil {
-		return nil, err
+		return err
 	}
 	remoteList, err := libcni.ConfListFromBytes(bridgeConfList(d.work))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	rt := &libcni.RuntimeConf{ContainerID: "remote", NetNS: nd.remote.Path, IfName: "eth0"}
 	res, err := nd.cni.AddNetworkList(ctx, remoteList, rt)
 	if err != nil {
-		return nil, fmt.Errorf("attach the remote namespace: %w", err)
+		return fmt.Errorf("attach the remote namespace: %w", err)
 	}
 	d.onCleanup(func() { _ = nd.cni.DelNetworkList(context.Background(), remoteList, rt) })
 	if nd.remoteIP, err = firstIP(res); err != nil {
-		return nil, err
+		return err
 	}
-	if err := serveRemote(nd.remote); err != nil {
-		return nil, err
-	}
-	return nd, nil
+	return serveRemote(nd.remote)
 }
 
 // sandbox creates the pod's network namespace and runs the node's CNI configuration for it,

@@ -120,17 +120,28 @@ func behindProxy(pod *corev1.Pod, cfg *Config) exemptions {
 // of any container of the pod (images commonly map uid N to group N).
 func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 	var e exemptions
-	inits := pod.Spec.InitContainers
+	e.warnUnknownInitEgress(pod.Spec.InitContainers, s)
+	needGID, why := e.decideUIDs(pod, cfg, s, redirected(pod, s))
+	e.assignGIDs(pod, cfg, needGID, why)
+	slices.SortFunc(e.decisions, func(a, b decision) int { return a.index - b.index })
+	for _, d := range e.decisions {
+		if d.note != "" {
+			e.warnings = append(e.warnings, d.note)
+		}
+	}
+	return e
+}
 
-	// Containers that must stay redirected: app containers, user sidecars, init containers
-	// the selection leaves out, and the validator (never exempt).
+// redirected are the containers that must stay redirected: app containers, user sidecars, init
+// containers the selection leaves out, and the validator (never exempt).
+func redirected(pod *corev1.Pod, s settings) []other {
 	var others []other
 	for i := range pod.Spec.Containers {
 		c := &pod.Spec.Containers[i]
 		others = append(others, other{fmt.Sprintf("app container %q", c.Name), EffectiveUID(pod, c)})
 	}
-	for i := range inits {
-		c := &inits[i]
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
 		switch {
 		case isSidecar(c):
 			others = append(others, other{fmt.Sprintf("sidecar %q", c.Name), EffectiveUID(pod, c)})
@@ -138,17 +149,25 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 			others = append(others, other{fmt.Sprintf("init container %q (not selected)", c.Name), EffectiveUID(pod, c)})
 		}
 	}
+	return others
+}
 
+// warnUnknownInitEgress warns of names in the init-egress selection that are no init container
+// of the pod.
+func (e *exemptions) warnUnknownInitEgress(inits []corev1.Container, s settings) {
 	for _, name := range s.initEgress.Names {
 		if !slices.ContainsFunc(inits, func(c corev1.Container) bool { return c.Name == name }) {
 			e.warnings = append(e.warnings, fmt.Sprintf(
 				"detour: %s (from %s) names %q, which is not an init container of the pod", annotations.InitEgress, s.initEgressFrom, name))
 		}
 	}
+}
 
-	// First pass: UID exemptions, and who needs a dedicated GID.
-	var needGID []int
-	why := map[int]string{}
+// decideUIDs is the first pass: every init container's decision except the dedicated GIDs,
+// and which init containers (by index) need one, with why.
+func (e *exemptions) decideUIDs(pod *corev1.Pod, cfg *Config, s settings, others []other) (needGID []int, why map[int]string) {
+	inits := pod.Spec.InitContainers
+	why = map[int]string{}
 	for i := range inits {
 		c := &inits[i]
 		d := decision{Decision: Decision{Container: c.Name}, index: i}
@@ -192,13 +211,16 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 		}
 		e.decisions = append(e.decisions, d)
 	}
+	return needGID, why
+}
 
-	// Second pass: dedicated GIDs, lowest free first in init-container order, so the same pod
-	// always gets the same GIDs.
+// assignGIDs is the second pass: dedicated GIDs, lowest free first in init-container order, so
+// the same pod always gets the same GIDs.
+func (e *exemptions) assignGIDs(pod *corev1.Pod, cfg *Config, needGID []int, why map[int]string) {
 	used := usedGIDs(pod, cfg, needGID)
 	next := cfg.GIDRange.First
 	for _, i := range needGID {
-		c := &inits[i]
+		c := &pod.Spec.InitContainers[i]
 		d := decision{Decision: Decision{Container: c.Name, Why: why[i]}, index: i}
 		for next <= cfg.GIDRange.Last && used[next] {
 			next++
@@ -214,13 +236,6 @@ func decide(pod *corev1.Pod, cfg *Config, s settings) exemptions {
 		}
 		e.decisions = append(e.decisions, d)
 	}
-	slices.SortFunc(e.decisions, func(a, b decision) int { return a.index - b.index })
-	for _, d := range e.decisions {
-		if d.note != "" {
-			e.warnings = append(e.warnings, d.note)
-		}
-	}
-	return e
 }
 
 // refuse records the denial reason (used under conflictPolicy deny) for an init container that

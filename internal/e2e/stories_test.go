@@ -656,12 +656,13 @@ func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 
 // pluginEntry is one line of detour-cni's log (JSON, one per command).
 type pluginEntry struct {
-	Command     string `json:"command"`
-	Pod         string `json:"pod"`
-	Decision    string `json:"decision"`
-	Annotations string `json:"annotations"`
-	Duration    string `json:"duration"`
-	Error       string `json:"error"`
+	Time        time.Time `json:"time"`
+	Command     string    `json:"command"`
+	Pod         string    `json:"pod"`
+	Decision    string    `json:"decision"`
+	Annotations string    `json:"annotations"`
+	Duration    string    `json:"duration"`
+	Error       string    `json:"error"`
 }
 
 // pluginLog returns detour-cni's log entries for command; decision, when set, must match.

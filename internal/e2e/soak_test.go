@@ -57,9 +57,18 @@ func TestSoak(t *testing.T) {
 		}
 		return err == nil && ns.DeletionTimestamp == nil, err
 	})
-	e.installDetour(t, ctx, "webhook: {replicas: 2}\n")
+	values, config := "webhook: {replicas: 2}\n", e.dropInPath()
+	if cfg.configMode == "chained-entry" {
+		values += "nodeAgent: {cniConfigMode: chained-entry}\n"
+		config = e.node.PrimaryConfigPath()
+	}
+	e.installDetour(t, ctx, values)
 	e.setAgent(t, ctx, true)
-	e.waitDetourConfigs(t, ctx, "detour's drop-in to be the one detour configuration", e.dropInPath())
+	e.waitDetourConfigs(t, ctx, "detour's configuration to be in place, once", config)
+	if cfg.configMode == "chained-entry" {
+		// What follows the soak (a later test, or TestSoak again) expects the default.
+		defer e.installDetour(t, ctx, "")
+	}
 
 	s := newSoak(t, e, cfg)
 	s.run(ctx)
@@ -73,6 +82,9 @@ type soakConfig struct {
 	long     bool
 	// waveSize is the number of pods a Deployment scales up by in one wave.
 	waveSize int32
+	// configMode is the node agent's cniConfigMode: auto (the drop-in on this node) or
+	// chained-entry (SOAK_CNI_CONFIG_MODE), to measure the in-file entry under the same faults.
+	configMode string
 }
 
 func soakConfigFromEnv(t *testing.T) soakConfig {
@@ -91,8 +103,15 @@ func soakConfigFromEnv(t *testing.T) soakConfig {
 		}
 		cfg.seed = seed
 	}
+	switch cfg.configMode = os.Getenv("SOAK_CNI_CONFIG_MODE"); cfg.configMode {
+	case "", "auto":
+		cfg.configMode = "auto"
+	case "chained-entry":
+	default:
+		t.Fatalf("SOAK_CNI_CONFIG_MODE=%q: want auto or chained-entry", cfg.configMode)
+	}
 	cfg.long = cfg.duration >= 10*time.Minute
-	t.Logf("soak: %s, seed %d (SOAK_SEED=%d SOAK_DURATION=%s replays this fault schedule)", cfg.duration, cfg.seed, cfg.seed, cfg.duration)
+	t.Logf("soak: %s, seed %d, cniConfigMode %s (SOAK_SEED=%d SOAK_DURATION=%s replays this fault schedule)", cfg.duration, cfg.seed, cfg.configMode, cfg.seed, cfg.duration)
 	return cfg
 }
 
@@ -477,8 +496,11 @@ func (s *soak) create(ctx context.Context, what string, f func() error) {
 		if strings.Contains(err.Error(), "inject.detour.dev") {
 			s.mu.Lock()
 			s.createErrors[what]++
+			n := s.createErrors[what]
 			s.mu.Unlock()
-			s.logf("%s: the API server refused it: %v", what, err)
+			if n == 1 || n%30 == 0 {
+				s.logf("%s: the API server refused it (%d times so far): %v", what, n, err)
+			}
 		}
 		sleepCtx(ctx, time.Second)
 	}
@@ -820,7 +842,7 @@ func (s *soak) finish(ctx context.Context) {
 	slices.Sort(caughtLines)
 
 	rows := [][3]string{
-		{"soak", fmt.Sprintf("%s, seed %d, %d faults", time.Since(s.start).Round(time.Second), s.cfg.seed, len(s.faults)), ""},
+		{"soak", fmt.Sprintf("%s, seed %d, cniConfigMode %s, %d faults", time.Since(s.start).Round(time.Second), s.cfg.seed, s.cfg.configMode, len(s.faults)), ""},
 		{"pods created", fmt.Sprintf("%d (%d in waves, %d of Jobs, %d bare)", len(s.seen), kinds[kindWave], kinds[kindJob], kinds[kindBare]), "≥ 300 in the long form"},
 		{"capture checks (a real connection per Ready sandbox; the proxy's log per completed Job pod)", fmt.Sprintf("%d captured, %d unverified", verdicts["captured"], verdicts["unverified"]), ""},
 		{"pods whose app ran without the redirect while their validator passed", fmt.Sprint(len(s.bypassed)), "must be 0"},

@@ -155,6 +155,8 @@ type soak struct {
 	otherFailures map[types.UID]string
 	// interrupted are pods whose validator run was killed or lost (exit ≥ 128).
 	interrupted map[types.UID]string
+	// stranded are Job pods a reboot left without a sandbox (see strandedByReboot).
+	stranded map[types.UID]string
 	// configGaps are the times the node held no detour configuration, or more than one.
 	configGaps *configWatcher
 	// uninjected are pods of the opted-in soak namespaces admitted without injection.
@@ -194,7 +196,7 @@ func newSoak(t *testing.T, e *env, cfg soakConfig) *soak {
 	return &soak{
 		t: t, e: e, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 14)),
 		seen: map[types.UID]*soakPod{}, checks: map[string]string{}, caught: map[types.UID]caughtPod{},
-		otherFailures: map[types.UID]string{}, interrupted: map[types.UID]string{}, uninjected: map[types.UID]string{}, createErrors: map[string]int{},
+		otherFailures: map[types.UID]string{}, interrupted: map[types.UID]string{}, stranded: map[types.UID]string{}, uninjected: map[types.UID]string{}, createErrors: map[string]int{},
 		bare: map[string]types.UID{}, queue: make(chan checkItem, 1024),
 	}
 }
@@ -526,6 +528,12 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 					if code, _, bad := validatorFailure(p); bad && code == validator.ExitNoRedirect && p.Labels[soakLabel] == kindBare {
 						continue // annotated by repair, waits for its owner
 					}
+					if strandedByReboot(p) {
+						s.mu.Lock()
+						s.stranded[p.UID] = p.Namespace + "/" + p.Name
+						s.mu.Unlock()
+						continue
+					}
 					pending = append(pending, p.Namespace+"/"+p.Name)
 				}
 			}
@@ -539,6 +547,23 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 		}
 		s.t.Errorf("soak pods did not settle: %v", pending)
 	}
+}
+
+// strandedByReboot reports whether p is a pod with restartPolicy Never whose sandbox went away
+// (a reboot) after its containers had begun: kubelet 1.37 creates no new sandbox for it and
+// leaves it Pending with PodReadyToStartContainers false (its Job never hears of it). That is
+// the kubelet's, not detour's: the soak counts such pods and does not wait for them.
+func strandedByReboot(p *corev1.Pod) bool {
+	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReadyToStartContainers && c.Status == corev1.ConditionFalse {
+			_, ran := validatorPassed(p)
+			return ran
+		}
+	}
+	return false
 }
 
 // watchPods follows every soak pod with an informer (it relists after an API server restart)
@@ -855,6 +880,7 @@ func (s *soak) finish(ctx context.Context) {
 		[3]string{"validator failures with another code of its own (1, 2, 43, 44)", fmt.Sprint(len(s.otherFailures)), ""},
 		[3]string{"validator runs killed or lost to a fault (exit ≥ 128; a new run follows)", fmt.Sprint(len(s.interrupted)), ""},
 		[3]string{"time the node held no detour configuration, or two", s.configGaps.String(), ""},
+		[3]string{"Job pods a reboot left without a sandbox (kubelet: restartPolicy Never, Pending for good)", fmt.Sprint(len(s.stranded)), ""},
 		[3]string{"admissions refused (failurePolicy Fail: controllers' FailedCreate + the soak's own)", fmt.Sprint(failedAdmissions), ""},
 		[3]string{"pods admitted uninjected (failurePolicy Ignore)", fmt.Sprint(len(uninjected)), ""},
 		[3]string{"of those still there, not reported by detour check --cluster", fmt.Sprintf("%d of %d", len(unreported), live), "must be 0"},

@@ -31,51 +31,6 @@ import (
 	"github.com/detourmesh/detour/validator"
 )
 
-// TestSoak is the reliability soak of issue 14 (docs/reliability.md): on the real node, with
-// detour installed from its chart (two webhook replicas), Deployments scaled up and down in
-// waves of 20 pods, Jobs and a few bare pods, while faults hit the node at seeded random
-// moments — the node agent's pod deleted, containerd, the kubelet and kube-apiserver restarted,
-// a webhook replica deleted, the webhook's serving certificate rotated, the primary CNI
-// rewriting its conflist, a node reboot. Every injected pod that goes Ready is proven captured
-// by a real inbound connection; the test fails when one ran its app without the redirect
-// while its validator passed, when repair deleted a bare pod, when a pod admitted uninjected
-// is not reported by `detour check --cluster`, or when anything of a deleted pod stays on the
-// node. It prints a table of every figure at the end.
-//
-// SOAK_DURATION (default 2m: the short form that `make e2e` runs) sets its length, split in
-// two phases: the webhook's failurePolicy Fail, then Ignore; `make soak` runs 10m. SOAK_SEED
-// replays a fault schedule.
-func TestSoak(t *testing.T) {
-	e := setUp(t)
-	cfg := soakConfigFromEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+25*time.Minute)
-	defer cancel()
-	// After TestE2E, `kubectl delete -f install.yaml` may still be deleting detour's namespace.
-	waitFor(t, ctx, "namespace "+detourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {
-		ns, err := e.node.Client.CoreV1().Namespaces().Get(ctx, detourNamespace, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) {
-			return true, nil
-		}
-		return err == nil && ns.DeletionTimestamp == nil, err
-	})
-	values, config := "webhook: {replicas: 2}\n", e.dropInPath()
-	if cfg.configMode == "chained-entry" {
-		values += "nodeAgent: {cniConfigMode: chained-entry}\n"
-		config = e.node.PrimaryConfigPath()
-	}
-	e.installDetour(t, ctx, values)
-	e.setAgent(t, ctx, true)
-	e.waitDetourConfigs(t, ctx, "detour's configuration to be in place, once", config)
-	if cfg.configMode == "chained-entry" {
-		// What follows the soak (a later test, or TestSoak again) expects the default.
-		defer e.installDetour(t, ctx, "")
-	}
-
-	s := newSoak(t, e, cfg)
-	s.run(ctx)
-	s.finish(ctx)
-}
-
 // soakConfig is the soak's length and schedule.
 type soakConfig struct {
 	duration time.Duration

@@ -484,7 +484,7 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 					if code, _, bad := validatorFailure(p); bad && code == validator.ExitNoRedirect && p.Labels[soakLabel] == kindBare {
 						continue // annotated by repair, waits for its owner
 					}
-					if strandedByReboot(p) {
+					if s.strandedByReboot(p) {
 						s.mu.Lock()
 						s.stranded[p.UID] = p.Namespace + "/" + p.Name
 						s.mu.Unlock()
@@ -505,18 +505,31 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 	}
 }
 
-// strandedByReboot reports whether p is a pod with restartPolicy Never whose sandbox went away
-// (a reboot) after its containers had begun: kubelet 1.37 creates no new sandbox for it and
-// leaves it Pending with PodReadyToStartContainers false (its Job never hears of it). That is
-// the kubelet's, not detour's: the soak counts such pods and does not wait for them.
-func strandedByReboot(p *corev1.Pod) bool {
+// strandedByReboot reports whether p is a pod with restartPolicy Never created before a reboot
+// that took its sandbox: kubelet 1.37 creates no new sandbox for it and leaves it Pending
+// (Init:Unknown, Init:StartError, Init:1/2...) with PodReadyToStartContainers false, and its
+// Job never hears of it. That is the kubelet's behaviour, not detour's: the soak counts such
+// pods and does not wait for them.
+func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {
 		return false
 	}
+	s.mu.Lock()
+	var reboots []time.Time
+	for _, f := range s.faults {
+		if f.kind == faultReboot {
+			reboots = append(reboots, f.start)
+		}
+	}
+	s.mu.Unlock()
 	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReadyToStartContainers && c.Status == corev1.ConditionFalse {
-			_, ran := validatorPassed(p)
-			return ran
+		if c.Type != corev1.PodReadyToStartContainers || c.Status != corev1.ConditionFalse {
+			continue
+		}
+		for _, r := range reboots {
+			if p.CreationTimestamp.Time.Before(r) && !c.LastTransitionTime.Time.Before(r.Truncate(time.Second)) {
+				return true
+			}
 		}
 	}
 	return false

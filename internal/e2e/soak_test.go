@@ -474,12 +474,13 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 			for _, p := range s.lister(ns, soakLabel) {
 				switch {
 				case p.DeletionTimestamp != nil:
+				case !annotations.IsInjected(p.Annotations) && (podReady(p) || p.Status.Phase != corev1.PodPending):
+					// Admitted uninjected (failurePolicy Ignore): nothing to check; counted.
 				case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
 					if p.Status.Phase == corev1.PodSucceeded && !s.checked(p) {
 						pending = append(pending, p.Namespace+"/"+p.Name+" (completed, not checked)")
 					}
 				case podReady(p) && s.checked(p):
-				case !annotations.IsInjected(p.Annotations) && podReady(p):
 				default:
 					if code, _, bad := validatorFailure(p); bad && code == validator.ExitNoRedirect && p.Labels[soakLabel] == kindBare {
 						continue // annotated by repair, waits for its owner

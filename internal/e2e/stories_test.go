@@ -79,7 +79,9 @@ func TestE2E(t *testing.T) {
 func TestSoak(t *testing.T) {
 	e := setUp(t)
 	cfg := soakConfigFromEnv(t)
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+25*time.Minute)
+	// Beyond the duration: the faults' recovery, each phase's settling (up to 10 minutes),
+	// the checks at the end. On a machine shared with other runs all of them stretch.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+50*time.Minute)
 	defer cancel()
 	// After TestE2E, `kubectl delete -f install.yaml` may still be deleting detour's namespace.
 	waitFor(t, ctx, "namespace "+detourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -362,9 +363,8 @@ func (s *soak) scale(ctx context.Context, ns, dep string, replicas int32) {
 
 // retry runs f until it succeeds or ctx ends (the API server may be restarting).
 func (s *soak) retry(ctx context.Context, what string, f func() error) bool {
-	var last error
 	for ctx.Err() == nil {
-		if last = f(); last == nil {
+		if err := f(); err == nil {
 			return true
 		}
 		sleepCtx(ctx, time.Second)
@@ -761,10 +761,7 @@ func (s *soak) finish(ctx context.Context) {
 	s.logf("detour check --cluster")
 	report, _ := s.e.checkCluster(t, ctx)
 	s.mu.Lock()
-	uninjected := map[types.UID]string{}
-	for uid, name := range s.uninjected {
-		uninjected[uid] = name
-	}
+	uninjected := maps.Clone(s.uninjected)
 	s.mu.Unlock()
 	var unreported []string
 	live := 0
@@ -933,7 +930,7 @@ func (s *soak) faultAt(at time.Time) faultKind {
 // that deleted one.
 func (s *soak) bareDeletedByRepair(ctx context.Context) int {
 	s.mu.Lock()
-	bare := maps2(s.bare)
+	bare := maps.Clone(s.bare)
 	s.mu.Unlock()
 	deleted := 0
 	for name, uid := range bare {
@@ -945,14 +942,6 @@ func (s *soak) bareDeletedByRepair(ctx context.Context) int {
 		}
 	}
 	return deleted
-}
-
-func maps2[K comparable, V any](m map[K]V) map[K]V {
-	out := make(map[K]V, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
 
 // failedAdmissions sums the controllers' FailedCreate Events that name detour's webhook and

@@ -7,7 +7,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
+.PHONY: all build test e2e soak lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
 
 all: build
 
@@ -25,6 +25,15 @@ test:
 # detour installed from its own image and chart, the user stories on real pods.
 e2e:
 	bash hack/test.sh ./internal/e2e
+
+# The reliability soak on the real node (docs/reliability.md): Deployments in waves of 20 pods,
+# Jobs and bare pods while faults hit the node (agent deleted, containerd, kubelet and
+# kube-apiserver restarted, webhook replica deleted, certificate rotated, conflist rewritten,
+# reboot), then the table of figures. `make e2e` runs its 2-minute short form; SOAK_SEED replays
+# a fault schedule.
+SOAK_DURATION ?= 10m
+soak:
+	SOAK_DURATION=$(SOAK_DURATION) GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-2h} bash hack/test.sh -run TestSoak ./internal/e2e
 
 test-binaries:
 	bash hack/test-binaries.sh

@@ -2,7 +2,8 @@
 # The test command behind `make test`: installs what the tests need (iptables and iproute2 via
 # hack/host-deps.sh, the kube-apiserver, etcd and CNI plugin binaries via hack/test-binaries.sh),
 # then runs every test. With DETOUR_REQUIRE_PRIVILEGED=1 (CI) a privileged test that cannot run
-# fails instead of skipping, and any skipped test fails the run.
+# fails instead of skipping, and any skipped test fails the run. GO_TEST_TIMEOUT (default 45m) is
+# go test's -timeout (make soak raises it).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -13,7 +14,7 @@ export DETOUR_TEST_BIN PATH="$PATH:/usr/sbin:/sbin"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-go test -count=1 -timeout 30m -v "${@:-./...}" >"$log" 2>&1 || status=$?
+go test -count=1 -timeout "${GO_TEST_TIMEOUT:-45m}" -v "${@:-./...}" >"$log" 2>&1 || status=$?
 # Show failures and the package summary, not every passing line.
 grep -E '^(--- FAIL|FAIL|ok|panic|\s+--- FAIL|.*_test\.go:[0-9]+:)' "$log" || true
 if [ "$status" -ne 0 ]; then

@@ -24,10 +24,13 @@ type state struct {
 	deploy    *appsv1.Deployment
 	deployErr error
 	injected  []corev1.Pod // every injected pod of the cluster
-	podsErr   error
-	optedIn   []string // namespaces annotated detour.dev/inject=enabled
-	nsLabels  map[string]map[string]string
-	nsErr     error
+	// uninjected are the running pods of opted-in namespaces that are not injected although
+	// nothing exempts them (see [uninjectedCandidate]).
+	uninjected []corev1.Pod
+	podsErr    error
+	optedIn    []string // namespaces annotated detour.dev/inject=enabled
+	nsLabels   map[string]map[string]string
+	nsErr      error
 }
 
 func (c *Checker) load(ctx context.Context) *state {
@@ -68,9 +71,16 @@ func (c *Checker) load(ctx context.Context) *state {
 			s.podsErr = fmt.Errorf("list pods: %w", err)
 			break
 		}
+		optedIn := map[string]bool{}
+		for _, ns := range s.optedIn {
+			optedIn[ns] = true
+		}
 		for _, p := range pods.Items {
-			if annotations.IsInjected(p.Annotations) {
+			switch {
+			case annotations.IsInjected(p.Annotations):
 				s.injected = append(s.injected, p)
+			case optedIn[p.Namespace] && uninjectedCandidate(&p):
+				s.uninjected = append(s.uninjected, p)
 			}
 		}
 		if opts.Continue = pods.Continue; opts.Continue == "" {

@@ -246,6 +246,7 @@ func TestCheckCluster(t *testing.T) {
 			"startup-taint":       {OK, "no node carries the startup taint detour.dev/cni-not-ready"},
 			"ready-label":         {OK, "carries detour.dev/cni-ready=true"},
 			"opted-in-namespaces": {OK, "1 namespace opted in (shop); 1 injected pod"},
+			"uninjected-pods":     {OK, "every running pod of an opted-in namespace is injected"},
 			"validator":           {OK, "no injected pod's validator is failing (1 injected pod)"},
 			"repair":              {OK, "no pod in the last 1h0m0s"},
 			"version-skew":        {OK, "webhook, node agent (install-cni), node agent (repair), validator run one image, " + image},
@@ -451,6 +452,25 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"validator": {Error, "the validator of 4 injected pods failed: other/api on node-a (exit 43, proxy port in use), shop/bare on node-a (exit 42, no redirect), shop/web-2 on node-a (exit 42, no redirect), shop/web-4 on node-a (exit 42, no redirect)"}}},
+		{name: "pods admitted uninjected", change: func(f *fixture) {
+			plain := func(ns, name string) *corev1.Pod {
+				p := injectedPod(ns, name, 0)
+				p.Annotations, p.Spec.InitContainers, p.Status.InitContainerStatuses = nil, nil, nil
+				return p
+			}
+			optedOut := plain("shop", "opted-out")
+			optedOut.Annotations = map[string]string{annotations.Inject: "disabled"}
+			hostNet := plain("shop", "host")
+			hostNet.Spec.HostNetwork = true
+			done := plain("shop", "done")
+			done.Status.Phase = corev1.PodSucceeded
+			mirror := plain("shop", "static")
+			mirror.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"}
+			f.objects = append(f.objects, plain("shop", "web-2"), plain("shop", "bare"), plain("other", "not-opted-in"), optedOut, hostNet, done, mirror)
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"uninjected-pods": {Warning, "2 pods of opted-in namespaces run without detour: shop/bare, shop/web-2"}}},
 		{name: "recent repairs", change: func(f *fixture) {
 			f.objects = append(f.objects,
 				repairEvent("web-1", "Delete", now.Add(-5*time.Minute)),

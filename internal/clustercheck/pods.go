@@ -33,6 +33,53 @@ func (c *Checker) checkNamespaces(s *state) Result {
 	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s opted in%s; %s", plural(len(in), "namespace"), parenList(in), pods)}
 }
 
+// uninjectedCandidate reports whether p, a pod of an opted-in namespace without detour's
+// injected marker, should have been injected: it runs (or waits to), and nothing the webhook
+// honours leaves it out — its own detour.dev/inject: disabled, the host network, being one of
+// detour's pods, Windows, or being a static pod's mirror (the API server never admits those
+// through webhooks).
+func uninjectedCandidate(p *corev1.Pod) bool {
+	switch {
+	case p.DeletionTimestamp != nil, p.Status.Phase == corev1.PodSucceeded, p.Status.Phase == corev1.PodFailed:
+		return false
+	case p.Annotations[annotations.Inject] == string(annotations.InjectDisabled):
+		return false
+	case p.Spec.HostNetwork, p.Labels[partOfLabel] == partOfValue:
+		return false
+	case p.Spec.OS != nil && p.Spec.OS.Name == corev1.Windows:
+		return false
+	}
+	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
+	return !mirror
+}
+
+// The label of detour's own pods, which the webhook never injects.
+const partOfLabel, partOfValue = "app.kubernetes.io/part-of", "detour"
+
+// checkUninjected names the pods of opted-in namespaces that run without detour: admitted
+// while the API server could not call the webhook under failurePolicy Ignore, or created
+// before their namespace opted in.
+func (c *Checker) checkUninjected(s *state) Result {
+	const name = "uninjected-pods"
+	switch {
+	case s.podsErr != nil:
+		return cannot(name, s.podsErr)
+	case s.nsErr != nil:
+		return cannot(name, s.nsErr)
+	case len(s.uninjected) == 0:
+		return Result{Name: name, Status: OK, Message: "every running pod of an opted-in namespace is injected"}
+	}
+	var names []string
+	for _, p := range s.uninjected {
+		names = append(names, p.Namespace+"/"+p.Name)
+	}
+	slices.Sort(names)
+	return Result{Name: name, Status: Warning,
+		Message: fmt.Sprintf("%s of opted-in namespaces %s without detour: %s", plural(len(names), "pod"), verb(len(names), "runs", "run"), list(names)),
+		Fix: "they were admitted while the API server could not call the webhook (failurePolicy Ignore: see webhook-endpoints and webhook-admission), or created before their namespace opted in; " +
+			"once the webhook answers, recreate them (kubectl -n NS rollout restart deployment NAME, or delete a bare pod and create it again)"}
+}
+
 // validatorExit returns the exit code of pod's validator when it failed and has not passed
 // since: in its current state, or in its last one while it waits to run again.
 func validatorExit(p *corev1.Pod) (int32, bool) {

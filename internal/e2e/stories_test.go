@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -56,6 +57,57 @@ func TestE2E(t *testing.T) {
 			return
 		}
 	}
+}
+
+// TestSoak is the reliability soak of issue 14 (docs/reliability.md): on the real node, with
+// detour installed from its chart (two webhook replicas), Deployments scaled up and down in
+// waves of 20 pods, Jobs and a few bare pods, while faults hit the node at seeded random
+// moments — the node agent's pod deleted, containerd, the kubelet and kube-apiserver restarted,
+// a webhook replica deleted, the webhook's serving certificate rotated, the primary CNI
+// rewriting its conflist, a node reboot. Every injected pod that goes Ready is proven captured
+// by a real inbound connection; the test fails when one ran its app without the redirect
+// while its validator passed, when repair deleted a bare pod, when a pod admitted uninjected
+// is not reported by `detour check --cluster`, or when anything of a deleted pod stays on the
+// node. It prints a table of every figure at the end.
+//
+// It is declared here, after TestE2E, because go test runs a package's tests in the order of
+// their files and declarations: the stories begin on a node that still carries its startup
+// taint, which the soak's node agent removes.
+//
+// SOAK_DURATION (default 2m: the short form that `make e2e` runs) sets its length, split in
+// two phases: the webhook's failurePolicy Fail, then Ignore; `make soak` runs 10m. SOAK_SEED
+// replays a fault schedule.
+func TestSoak(t *testing.T) {
+	e := setUp(t)
+	cfg := soakConfigFromEnv(t)
+	// Beyond the duration: the faults' recovery, each phase's settling (up to 10 minutes),
+	// the checks at the end. On a machine shared with other runs all of them stretch.
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+50*time.Minute)
+	defer cancel()
+	// After TestE2E, `kubectl delete -f install.yaml` may still be deleting detour's namespace.
+	waitFor(t, ctx, "namespace "+detourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {
+		ns, err := e.node.Client.CoreV1().Namespaces().Get(ctx, detourNamespace, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		return err == nil && ns.DeletionTimestamp == nil, err
+	})
+	values, config := "webhook: {replicas: 2}\n", e.dropInPath()
+	if cfg.configMode == "chained-entry" {
+		values += "nodeAgent: {cniConfigMode: chained-entry}\n"
+		config = e.node.PrimaryConfigPath()
+	}
+	e.installDetour(t, ctx, values)
+	e.setAgent(t, ctx, true)
+	e.waitDetourConfigs(t, ctx, "detour's configuration to be in place, once", config)
+	if cfg.configMode == "chained-entry" {
+		// What follows the soak (a later test, or TestSoak again) expects the default.
+		defer e.installDetour(t, ctx, "")
+	}
+
+	s := newSoak(t, e, cfg)
+	s.run(ctx)
+	s.finish(ctx)
 }
 
 // seed000Startup: pods of an opted-in Deployment stay Pending on the tainted node under the
@@ -657,12 +709,13 @@ func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 
 // pluginEntry is one line of detour-cni's log (JSON, one per command).
 type pluginEntry struct {
-	Command     string `json:"command"`
-	Pod         string `json:"pod"`
-	Decision    string `json:"decision"`
-	Annotations string `json:"annotations"`
-	Duration    string `json:"duration"`
-	Error       string `json:"error"`
+	Time        time.Time `json:"time"`
+	Command     string    `json:"command"`
+	Pod         string    `json:"pod"`
+	Decision    string    `json:"decision"`
+	Annotations string    `json:"annotations"`
+	Duration    string    `json:"duration"`
+	Error       string    `json:"error"`
 }
 
 // pluginLog returns detour-cni's log entries for command; decision, when set, must match.

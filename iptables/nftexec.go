@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // The nftables backend: detour's own inet table, written, read and removed over netlink from
@@ -65,20 +68,30 @@ type nfTable struct {
 }
 
 // nftTables lists the nf_tables tables of every family in the calling thread's network
-// namespace with one netlink dump; an error means the kernel does not answer nf_tables requests.
+// namespace with one NFT_MSG_GETTABLE dump, sent and parsed directly: about 40 µs, against some
+// 250 µs through google/nftables' ListTables, and it is on every ADD and DEL. An error means the
+// kernel does not answer nf_tables requests.
 func nftTables() (map[nfTable]bool, error) {
-	c, err := nftConn()
-	if err != nil {
-		return nil, err
-	}
-	defer c.CloseLasting()
-	list, err := c.ListTables()
+	req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_NFTABLES<<8|unix.NFT_MSG_GETTABLE, unix.NLM_F_DUMP)
+	req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: unix.NFNETLINK_V0})
+	msgs, err := req.Execute(unix.NETLINK_NETFILTER, 0)
 	if err != nil {
 		return nil, fmt.Errorf("list the nf_tables tables: %w", err)
 	}
-	tables := make(map[nfTable]bool, len(list))
-	for _, t := range list {
-		tables[nfTable{t.Family, t.Name}] = true
+	tables := map[nfTable]bool{}
+	for _, m := range msgs {
+		if len(m) < nl.SizeofNfgenmsg {
+			continue
+		}
+		attrs, err := nl.ParseRouteAttr(m[nl.SizeofNfgenmsg:])
+		if err != nil {
+			return nil, fmt.Errorf("list the nf_tables tables: %w", err)
+		}
+		for _, a := range attrs {
+			if a.Attr.Type == unix.NFTA_TABLE_NAME {
+				tables[nfTable{nftables.TableFamily(m[0]), strings.TrimRight(string(a.Value), "\x00")}] = true
+			}
+		}
 	}
 	return tables, nil
 }

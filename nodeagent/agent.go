@@ -58,6 +58,8 @@ type Agent struct {
 	beforeReplace func()
 	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
 	owner *ownDaemonSet
+	// tokenClient builds a client that authenticates with the plugin's token (WithTokenClient).
+	tokenClient func(token string) (kubernetes.Interface, error)
 	// lastErr and lastErrAt are the reconcile error last logged, and when (Run only).
 	lastErr   string
 	lastErrAt time.Time
@@ -100,6 +102,14 @@ func WithOwnPod(namespace, name string) Option {
 			a.owner = &ownDaemonSet{namespace: namespace, pod: name}
 		}
 	}
+}
+
+// WithTokenClient sets how the agent builds an API client that authenticates with a given
+// token. At SIGTERM, when the API server refuses the agent's own token, the agent asks with the
+// plugin's token whether detour's service accounts are being deleted (an uninstall) or only its
+// pod (whose token ends with it); without this option it takes every refusal as an uninstall.
+func WithTokenClient(newClient func(token string) (kubernetes.Interface, error)) Option {
+	return func(a *Agent) { a.tokenClient = newClient }
 }
 
 // WithLogger sets the logger (default slog.Default()).

@@ -2,9 +2,11 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -55,10 +57,11 @@ func (a *Agent) resolveOwner(ctx context.Context) {
 
 // ownerGone reports whether the agent's DaemonSet is being deleted or is gone, and why: not
 // found, or marked for deletion (foreground deletion), or — when the agent could read it
-// before — a Forbidden or Unauthorized answer: the uninstall that deletes the DaemonSet deletes
-// the RBAC and the service account right after it. A DaemonSet of the same name but another UID
-// replaced it: the new one's agent takes over, nothing is removed. Any other error keeps
-// everything in place (the safe side: a rollout must not open a window without the plugin).
+// before — a Forbidden answer (the uninstall that deletes the DaemonSet deletes the RBAC right
+// after it) or an Unauthorized one that [Agent.ownTokenRefused] confirms. A DaemonSet of the
+// same name but another UID replaced it: the new one's agent takes over, nothing is removed.
+// Any other error keeps everything in place (the safe side: a rollout must not open a window
+// without the plugin).
 func (a *Agent) ownerGone(ctx context.Context) (bool, string) {
 	o := a.owner
 	if o == nil || o.uid == "" {
@@ -68,8 +71,10 @@ func (a *Agent) ownerGone(ctx context.Context) (bool, string) {
 	switch {
 	case apierrors.IsNotFound(err):
 		return true, fmt.Sprintf("DaemonSet %s/%s is deleted", o.namespace, o.name)
-	case (apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err)) && o.readable:
-		return true, fmt.Sprintf("the agent may no longer read DaemonSet %s/%s (%v): its RBAC or service account is being deleted with it", o.namespace, o.name, err)
+	case apierrors.IsForbidden(err) && o.readable:
+		return true, fmt.Sprintf("the agent may no longer read DaemonSet %s/%s (%v): its RBAC is being deleted with it", o.namespace, o.name, err)
+	case apierrors.IsUnauthorized(err) && o.readable:
+		return a.ownTokenRefused(ctx, err)
 	case err != nil:
 		a.log.Warn("cannot tell whether the agent's DaemonSet is being deleted; leaving detour in place", "daemonset", o.namespace+"/"+o.name, "err", err)
 		return false, ""
@@ -79,6 +84,52 @@ func (a *Agent) ownerGone(ctx context.Context) (bool, string) {
 		return true, fmt.Sprintf("DaemonSet %s/%s is being deleted", o.namespace, o.name)
 	}
 	return false, ""
+}
+
+// ownTokenRefused tells what the API server's refusal of the agent's own token means. The
+// uninstall that deletes the DaemonSet deletes the agent's service account, and the plugin's,
+// right after it. But the agent's token is also bound to its pod: the API server refuses it
+// once the pod object is gone, or a minute after the pod's grace period ended — which a SIGTERM
+// delayed by a slow or restarting kubelet can come after, when the pod alone was deleted. The
+// plugin's token, bound to no object, tells the two apart: still accepted, the release's
+// service accounts exist and nothing is uninstalled. Without one to ask with (the plugin shares
+// the agent's token, or its own has expired), the refusal counts as the uninstall.
+func (a *Agent) ownTokenRefused(ctx context.Context, refused error) (bool, string) {
+	gone := fmt.Sprintf("the API server no longer accepts the agent's token (%v): its service account is being deleted with the DaemonSet", refused)
+	accepted, err := a.pluginTokenAccepted(ctx)
+	switch {
+	case err != nil:
+		a.log.Warn("the API server refuses the agent's token and the plugin's cannot tell why; taking it as detour's uninstall", "err", err)
+		return true, gone
+	case accepted:
+		a.log.Info("the API server refuses the agent's token but accepts the plugin's: the agent's pod is gone, not detour's service accounts; leaving detour in place", "err", refused)
+		return false, ""
+	}
+	return true, gone + "; the plugin's is refused too"
+}
+
+// pluginTokenAccepted asks the API server who the plugin's token belongs to: true when it
+// authenticates it (a Forbidden answer authenticated it too), false when it refuses it.
+func (a *Agent) pluginTokenAccepted(ctx context.Context) (bool, error) {
+	t := a.tokens
+	switch {
+	case t == nil || a.tokenClient == nil:
+		return false, errors.New("the plugin has no token of its own")
+	case t.token == nil || !a.now().Before(t.expires):
+		return false, fmt.Errorf("the plugin's token for %s has expired or was never issued", t.account())
+	}
+	client, err := a.tokenClient(string(t.token))
+	if err != nil {
+		return false, err
+	}
+	_, err = client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	switch {
+	case err == nil, apierrors.IsForbidden(err):
+		return true, nil
+	case apierrors.IsUnauthorized(err):
+		return false, nil
+	}
+	return false, fmt.Errorf("ask the API server about the plugin's token for %s: %w", t.account(), err)
 }
 
 // stopping runs when Run's context ends (SIGTERM): it uninstalls detour from the node when the

@@ -6,12 +6,16 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
@@ -23,11 +27,18 @@ import (
 // controllers run here: the objects are what the DaemonSet controller would have made).
 func daemonSetPod(t *testing.T, client kubernetes.Interface, node string) (*appsv1.DaemonSet, *corev1.Pod) {
 	t.Helper()
-	ctx := context.Background()
 	ns := randomName("detour-")
-	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if _, err := client.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	return daemonSetPodIn(t, client, ns, node, "")
+}
+
+// daemonSetPodIn is [daemonSetPod] in an existing namespace, its pod run as the service account
+// sa ("" for the default).
+func daemonSetPodIn(t *testing.T, client kubernetes.Interface, ns, node, sa string) (*appsv1.DaemonSet, *corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
 	labels := map[string]string{"app": "detour-node-agent"}
 	ds, err := client.AppsV1().DaemonSets(ns).Create(ctx, &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Name: "detour-node-agent"},
@@ -46,7 +57,7 @@ func daemonSetPod(t *testing.T, client kubernetes.Interface, node string) (*apps
 		ObjectMeta: metav1.ObjectMeta{Name: "detour-node-agent-x1", Labels: labels, OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: "apps/v1", Kind: "DaemonSet", Name: ds.Name, UID: ds.UID, Controller: ptr.To(true),
 		}}},
-		Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "install-cni", Image: "detour:test"}}},
+		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "install-cni", Image: "detour:test"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +132,79 @@ func TestIntegrationUninstallWhenDaemonSetDeleted(t *testing.T) {
 				}
 			} else if !entry || binErr != nil || !label {
 				t.Errorf("DaemonSet stays: entry %v, binary %v, label %v; want all in place", entry, binErr, label)
+			}
+		})
+	}
+}
+
+// The agent's own token is bound to its pod: the API server refuses it once the pod object is
+// gone, or a minute after its grace period ended — which a SIGTERM delayed by a slow or
+// restarting kubelet can come after. That alone is no uninstall: the plugin's token, still
+// accepted, says detour's service accounts stay. helm uninstall deletes both accounts with the
+// DaemonSet: then both tokens are refused and the agent uninstalls.
+func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		uninstall bool
+	}{
+		{"only the agent's pod is gone", false},
+		{"the release is uninstalled", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newRBACFixture(t)
+			ctx := context.Background()
+			node := registerNode(t, f.admin)
+			e := newEnv(t)
+			f.agentIdentity(t, e, "detour-node")
+			ds, pod := daemonSetPodIn(t, f.admin, f.ns, node.Name, "detour-node")
+			f.allowTokenFor(t, "detour-node")
+			f.clusterRole(t, "detour-node", "agent",
+				rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+				rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
+				rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get"}})
+			// The kubelet mounts a token bound to the agent's pod.
+			tr, err := f.admin.CoreV1().ServiceAccounts(f.ns).CreateToken(ctx, "detour-node", &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+				BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID},
+			}}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.rotateToken(t, tr.Status.Token, f.cfg.CAData)
+			e.flags.NodeName = node.Name
+			primary := filepath.Join(e.confDir, "10-calico.conflist")
+			writeFile(t, primary, calico)
+			a := e.agent(t, nodeagent.WithNodeClient(kubernetes.NewForConfigOrDie(agentConfig(f.cfg, e.saDir))),
+				nodeagent.WithOwnPod(pod.Namespace, pod.Name), nodeagent.WithTokenClient(func(token string) (kubernetes.Interface, error) {
+					c := rest.AnonymousClientConfig(f.cfg)
+					c.BearerToken = token
+					return kubernetes.NewForConfig(c)
+				}))
+			stop := run(t, a)
+			eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
+
+			gone := metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+			if err := f.admin.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, gone); err != nil {
+				t.Fatal(err)
+			}
+			if tc.uninstall {
+				if err := f.admin.AppsV1().DaemonSets(ds.Namespace).Delete(ctx, ds.Name, metav1.DeleteOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				for _, sa := range []string{"detour-node", "detour-cni"} {
+					if err := f.admin.CoreV1().ServiceAccounts(f.ns).Delete(ctx, sa, metav1.DeleteOptions{}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			eventually(t, "the agent's token is refused", func() bool {
+				return strings.HasPrefix(f.whoami(t, tr.Status.Token), "unauthenticated")
+			})
+			if err := stop(); err != nil { // SIGTERM
+				t.Fatal(err)
+			}
+			entry := slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni")
+			if entry == tc.uninstall {
+				t.Errorf("entry in place after SIGTERM: %v; want uninstalled %v", entry, tc.uninstall)
 			}
 		})
 	}

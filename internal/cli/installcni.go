@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/detourmesh/detour/nodeagent"
 )
@@ -142,13 +143,17 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 // newAgent builds the node agent with its API client; only an agent that keeps the node's
 // configuration watches its own DaemonSet.
 func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, error) {
-	client, err := kubeClient(o.kubeconfig, "detour")
+	rc, err := restConfig(o.kubeconfig, "detour")
+	if err != nil {
+		return nil, err
+	}
+	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, err
 	}
 	opts := []nodeagent.Option{nodeagent.WithNodeClient(client), nodeagent.WithLogger(log)}
 	if !o.uninstall {
-		opts = append(opts, nodeagent.WithOwnPod(o.podNS, o.podName))
+		opts = append(opts, nodeagent.WithOwnPod(o.podNS, o.podName), nodeagent.WithTokenClient(tokenClient(rc)))
 	}
 	return nodeagent.New(cfg, opts...), nil
 }

@@ -22,6 +22,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/internal/fsutil"
 )
@@ -75,9 +76,12 @@ func (s *soak) inject(ctx context.Context, kind faultKind) {
 	var err error
 	switch kind {
 	case faultAgentDelete:
-		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=node-agent", 1)
+		// Every other time forced, as an admin clears a stuck pod: the pod object goes at once,
+		// and the token bound to it with it, before the kubelet sends the agent SIGTERM.
+		s.agentDeletes++
+		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=node-agent", 1, s.agentDeletes%2 == 1)
 	case faultWebhookDelete:
-		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=webhook", 2)
+		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=webhook", 2, false)
 	case faultContainerd, faultKubelet, faultAPIServer:
 		name := strings.TrimSuffix(string(kind), "-restarted")
 		rec.detail = "SIGTERM, then started again and ready"
@@ -99,10 +103,15 @@ func (s *soak) inject(ctx context.Context, kind faultKind) {
 	}
 }
 
-// deleteOne deletes one of detour's pods matching selector (seeded choice), then waits until
-// want of them are ready again, the deleted one not among them.
-func (s *soak) deleteOne(ctx context.Context, selector string, want int) (string, error) {
+// deleteOne deletes one of detour's pods matching selector (seeded choice) — forced: with no
+// grace period, as `kubectl delete --force --grace-period=0` — then waits until want of them
+// are ready again, the deleted one not among them.
+func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced bool) (string, error) {
 	pods := s.e.node.Client.CoreV1().Pods(detourNamespace)
+	how, opts := "deleted", metav1.DeleteOptions{}
+	if forced {
+		how, opts = "force-deleted", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
+	}
 	var victim corev1.Pod
 	err := poll(ctx, 2*time.Minute, func() (bool, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
@@ -111,7 +120,7 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int) (string
 		}
 		slices.SortFunc(list.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 		victim = list.Items[s.rng.IntN(len(list.Items))]
-		return true, pods.Delete(ctx, victim.Name, metav1.DeleteOptions{})
+		return true, pods.Delete(ctx, victim.Name, opts)
 	})
 	if err != nil {
 		return "", fmt.Errorf("delete a pod %s: %w", selector, err)
@@ -145,8 +154,8 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int) (string
 	if err != nil {
 		return "", fmt.Errorf("deleted pod %s; its replacement is not ready: %w", victim.Name, err)
 	}
-	return fmt.Sprintf("deleted pod %s: gone after %s, its replacement created after %s, %d ready after %s",
-		victim.Name, gone.Round(100*time.Millisecond), created.Round(100*time.Millisecond), want, time.Since(start).Round(100*time.Millisecond)), nil
+	return fmt.Sprintf("%s pod %s: gone after %s, its replacement created after %s, %d ready after %s",
+		how, victim.Name, gone.Round(100*time.Millisecond), created.Round(100*time.Millisecond), want, time.Since(start).Round(100*time.Millisecond)), nil
 }
 
 // rotateCertificate rotates the webhook's serving certificate as its certificate loop does:

@@ -95,6 +95,8 @@ type soak struct {
 	cfg   soakConfig
 	rng   *rand.Rand
 	start time.Time
+	// agentDeletes counts the node agent's deletions (odd ones are forced).
+	agentDeletes int
 
 	mu sync.Mutex
 	// faults is every fault injected, in order.
@@ -842,6 +844,12 @@ func (s *soak) finish(ctx context.Context) {
 	}
 	slices.Sort(caughtLines)
 
+	// The drop-in is detour's alone: no fault may take it off the node even for a moment. An
+	// entry in the primary's conflist is gone while the primary rewrites it.
+	gapsWant := ""
+	if s.cfg.configMode == "auto" {
+		gapsWant = "must be never (drop-in)"
+	}
 	rows := [][3]string{
 		{"soak", fmt.Sprintf("%s, seed %d, cniConfigMode %s, %d faults", time.Since(s.start).Round(time.Second), s.cfg.seed, s.cfg.configMode, len(s.faults)), ""},
 		{"pods created", fmt.Sprintf("%d (%d in waves, %d of Jobs, %d bare)", len(s.seen), kinds[kindWave], kinds[kindJob], kinds[kindBare]), "≥ 300 in the long form"},
@@ -855,7 +863,7 @@ func (s *soak) finish(ctx context.Context) {
 	rows = append(rows,
 		[3]string{"validator failures with another code of its own (1, 2, 43, 44)", fmt.Sprint(len(s.otherFailures)), ""},
 		[3]string{"validator runs killed or lost to a fault (exit ≥ 128; a new run follows)", fmt.Sprint(len(s.interrupted)), ""},
-		[3]string{"time the node held no detour configuration, or two", s.configGaps.String(), ""},
+		[3]string{"time the node held no detour configuration, or two", s.configGaps.String(), gapsWant},
 		[3]string{"Job pods a reboot left without a sandbox (kubelet: restartPolicy Never, Pending for good)", fmt.Sprint(len(s.stranded)), ""},
 		[3]string{"admissions refused (failurePolicy Fail: controllers' FailedCreate + the soak's own)", fmt.Sprint(failedAdmissions), ""},
 		[3]string{"pods admitted uninjected (failurePolicy Ignore)", fmt.Sprint(len(uninjected)), ""},
@@ -898,6 +906,9 @@ func (s *soak) finish(ctx context.Context) {
 	}
 	if repairRate.excess > 0 {
 		t.Errorf("repair exceeded its rate limit: %s", repairRate)
+	}
+	if gapsWant != "" && s.configGaps.String() != "never" {
+		t.Errorf("the node held no detour configuration, or two, at: %s", s.configGaps)
 	}
 	if len(configs) != 1 {
 		t.Errorf("the node holds %d detour configurations, want exactly 1: %v", len(configs), configs)

@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -339,8 +338,7 @@ func (d *demo) runValidator(ctx context.Context, sandbox *netlab.NetNS, r annota
 	}
 	id, _ := containerIdentity(d.pod, *v)
 	args := v.Command[1:]
-	cmd := exec.CommandContext(ctx, d.Detour, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id.UID, Gid: id.GID}}
+	cmd := id.Command(ctx, d.Detour, args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()

@@ -3,7 +3,6 @@ package netlab
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"syscall"
 )
@@ -36,23 +35,4 @@ func (id Identity) Command(ctx context.Context, path string, args ...string) *ex
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: id.UID, Gid: id.GID, Groups: []uint32{}}
 	}
 	return cmd
-}
-
-// Become switches the calling process (all its threads) to id, dropping supplementary groups.
-// It is for child processes started as root that must act as a container's user: they start
-// as root because their binary may not be executable by that user, then drop.
-func (id Identity) Become() error {
-	if os.Geteuid() != 0 || id == (Identity{}) {
-		return nil
-	}
-	if err := syscall.Setgroups(nil); err != nil {
-		return fmt.Errorf("setgroups: %w", err)
-	}
-	if err := syscall.Setgid(int(id.GID)); err != nil {
-		return fmt.Errorf("setgid %d: %w", id.GID, err)
-	}
-	if err := syscall.Setuid(int(id.UID)); err != nil {
-		return fmt.Errorf("setuid %d: %w", id.UID, err)
-	}
-	return nil
 }

@@ -4,10 +4,8 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -37,29 +35,15 @@ func TestIntegrationNFTablesUserNamespace(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	// The child runs as an unprivileged host UID: give it a copy of the test binary it can read.
-	dir, err := os.MkdirTemp("", "detour-userns-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	bin := filepath.Join(dir, "iptables.test")
-	if err := copyFile(os.Args[0], bin); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	// The child runs as an unprivileged host UID (100000); it can still execute the test binary
+	// in go test's closed work directory, since ChildCommand re-executes it through /proc/self/exe.
 	cmd := testenv.ChildCommand(ctx, testenv.Identity{}, "userns-dialer")
-	cmd.Path, cmd.Args[0] = bin, bin
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags:                 syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET,
-		UidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
-		GidMappings:                []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}},
-		GidMappingsEnableSetgroups: true,
-		// Root of the new user namespace (host UID 100000), which may take any of its identities.
-		Credential: &syscall.Credential{Uid: 0, Gid: 0},
-	}
+	cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWUSER | syscall.CLONE_NEWNET
+	cmd.SysProcAttr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	cmd.SysProcAttr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: 100000, Size: 65536}}
+	cmd.SysProcAttr.GidMappingsEnableSetgroups = true
+	// Root of the new user namespace (host UID 100000), which may take any of its identities.
+	cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 0, Gid: 0}
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
@@ -194,21 +178,4 @@ func dialOnThreadAs(uid, gid uint32, addr string) (string, error) {
 	}()
 	r := <-done
 	return r.line, r.err
-}
-
-func copyFile(from, to string) error {
-	src, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer src.Close()
-	dst, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(dst, src); err != nil {
-		dst.Close()
-		return err
-	}
-	return dst.Close()
 }

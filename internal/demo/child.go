@@ -9,8 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"time"
 
@@ -22,24 +20,20 @@ import (
 const childEnv = "DETOUR_DEMO_CHILD"
 
 // ChildMain runs the demo's child processes; call it first in main. It returns false in the
-// demo process itself, and exits in a child.
+// demo process itself, and exits in a child, which [demo.child] started as its identity.
 func ChildMain() bool {
 	mode := os.Getenv(childEnv)
 	if mode == "" {
 		return false
 	}
-	uid, _ := strconv.ParseUint(os.Getenv("DETOUR_DEMO_UID"), 10, 32)
-	gid, _ := strconv.ParseUint(os.Getenv("DETOUR_DEMO_GID"), 10, 32)
-	err := netlab.Identity{UID: uint32(uid), GID: uint32(gid)}.Become()
-	if err == nil {
-		switch mode {
-		case "fetch":
-			err = fetch(os.Args[1])
-		case "connect":
-			err = connect(os.Args[1])
-		default:
-			err = fmt.Errorf("unknown child %q", mode)
-		}
+	var err error
+	switch mode {
+	case "fetch":
+		err = fetch(os.Args[1])
+	case "connect":
+		err = connect(os.Args[1])
+	default:
+		err = fmt.Errorf("unknown child %q", mode)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -74,17 +68,14 @@ func connect(addr string) error {
 }
 
 // child runs this binary as a stand-in container process inside ns, as id, and returns what it
-// printed; the error carries what it printed on stderr.
+// printed; the error carries what it printed on stderr. It re-executes itself through
+// /proc/self/exe (netlab.Self), which id can execute wherever the binary is (a test binary in
+// go test's work directory, closed to other users, too).
 func (d *demo) child(ctx context.Context, ns *netlab.NetNS, id netlab.Identity, mode, arg string) (string, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return "", err
-	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, self, arg)
-	cmd.Env = append(os.Environ(), childEnv+"="+mode,
-		"DETOUR_DEMO_UID="+strconv.FormatUint(uint64(id.UID), 10), "DETOUR_DEMO_GID="+strconv.FormatUint(uint64(id.GID), 10))
+	cmd := id.Command(ctx, netlab.Self, arg)
+	cmd.Env = append(os.Environ(), childEnv+"="+mode)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := ns.Do(cmd.Start); err != nil {

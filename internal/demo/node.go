@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
@@ -210,8 +209,12 @@ func (d *demo) setUpNode(ctx context.Context) (*node, error) {
 	return nd, nil
 }
 
+// noPrimaryLog is what the node agent logs (nodeagent's not-ready reason) after a reconcile pass
+// that found no primary CNI config (a documented readiness reason: docs/troubleshooting.md).
+const noPrimaryLog = "waiting for the primary CNI to write its configuration into"
+
 // startAgent starts the node agent before the primary CNI has written its config, and shows
-// that it writes nothing and leaves the startup taint then.
+// that its first reconcile pass writes nothing and leaves the startup taint.
 func (d *demo) startAgent(ctx context.Context, nd *node, saDir string) error {
 	nd.agentLog = filepath.Join(d.work, "install-cni.log")
 	nd.agentArgs = []string{"--cni-conf-dir", nd.confDir, "--host-cni-conf-dir", nd.confDir, "--cni-bin-dir", nd.binDir,
@@ -225,13 +228,20 @@ func (d *demo) startAgent(ctx context.Context, nd *node, saDir string) error {
 	if nd.agent, err = d.start(ctx, nd.agentLog, d.Detour, append([]string{"install-cni"}, nd.agentArgs...)...); err != nil {
 		return err
 	}
-	time.Sleep(1500 * time.Millisecond)
-	entries, _ := os.ReadDir(nd.confDir)
-	if !nd.agent.running() {
-		return fmt.Errorf("the node agent exited:\n%s", tail(nd.agentLog))
+	// The agent logs why it is not ready when that changes, after the reconcile pass that found
+	// it: this line proves one full pass with no primary config, whose result the checks below see.
+	if err := waitFor(ctx, 15*time.Second, func() (bool, error) {
+		if !nd.agent.running() {
+			return false, errors.New("the node agent exited")
+		}
+		b, _ := os.ReadFile(nd.agentLog)
+		return strings.Contains(string(b), noPrimaryLog), nil
+	}); err != nil {
+		return fmt.Errorf("the node agent did not log %q after its first reconcile pass: %w\n%s", noPrimaryLog, err, tail(nd.agentLog))
 	}
+	entries, _ := os.ReadDir(nd.confDir)
 	if len(entries) == 0 && d.nodeTainted(ctx) {
-		d.n.OK("node agent started before the primary CNI's config: it wrote nothing and the node keeps its startup taint %s", annotations.CNINotReadyTaint)
+		d.n.OK("node agent started before the primary CNI's config: its first pass found none, wrote nothing and left the node its startup taint %s", annotations.CNINotReadyTaint)
 	} else {
 		d.n.Fail("with no primary CNI config the agent wrote %d file(s) or removed the taint", len(entries))
 	}
@@ -339,8 +349,7 @@ func (d *demo) runValidator(ctx context.Context, sandbox *netlab.NetNS, r annota
 	}
 	id, _ := containerIdentity(d.pod, *v)
 	args := v.Command[1:]
-	cmd := exec.CommandContext(ctx, d.Detour, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: id.UID, Gid: id.GID}}
+	cmd := id.Command(ctx, d.Detour, args...)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()

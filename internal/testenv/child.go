@@ -7,9 +7,10 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/detourmesh/detour/internal/netlab"
 )
 
 // childEnv names the function a child process of the test binary runs (see [RunChild]).
@@ -17,20 +18,14 @@ const childEnv = "DETOUR_TESTENV_CHILD"
 
 // MainWithChildren is [Main] for test packages that run their own code in child processes
 // (a command's real entry point, with its real exit code, inside a test namespace and as a
-// chosen identity). When the process is such a child it takes on the identity [RunChild]
-// asked for, runs the named function with the child's arguments and exits with its result;
-// otherwise it runs the tests.
+// chosen identity). When the process is such a child (started by [ChildCommand], already as
+// its identity) it runs the named function with the child's arguments and exits with its
+// result; otherwise it runs the tests.
 func MainWithChildren(m *testing.M, children map[string]func(args []string) int) {
 	if name := os.Getenv(childEnv); name != "" {
 		fn, ok := children[name]
 		if !ok {
 			fmt.Fprintf(os.Stderr, "testenv: unknown child %q\n", name)
-			os.Exit(2)
-		}
-		uid, _ := strconv.ParseUint(os.Getenv("DETOUR_HELPER_UID"), 10, 32)
-		gid, _ := strconv.ParseUint(os.Getenv("DETOUR_HELPER_GID"), 10, 32)
-		if err := becomeIdentity(int(uid), int(gid)); err != nil {
-			fmt.Fprintln(os.Stderr, err)
 			os.Exit(2)
 		}
 		os.Exit(fn(os.Args[1:]))
@@ -71,10 +66,10 @@ func RunChild(ctx context.Context, ns *NetNS, id Identity, name string, args ...
 // ChildCommand returns the command that runs the child function name (registered with
 // [MainWithChildren]) with args as id, in the namespace of the thread that starts it; ctx
 // kills it. Tests that signal the child or read its output as it runs start it themselves.
+// The child is this test binary re-executed through /proc/self/exe (netlab.Self), which id
+// can execute even though go test's work directory, where the binary is, is closed to it.
 func ChildCommand(ctx context.Context, id Identity, name string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, os.Args[0], args...)
-	cmd.Env = append(os.Environ(), childEnv+"="+name,
-		"DETOUR_HELPER_UID="+strconv.FormatUint(uint64(id.UID), 10),
-		"DETOUR_HELPER_GID="+strconv.FormatUint(uint64(id.GID), 10))
+	cmd := id.Command(ctx, netlab.Self, args...)
+	cmd.Env = append(os.Environ(), childEnv+"="+name)
 	return cmd
 }

@@ -2,13 +2,12 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,18 +76,14 @@ func Dial(t testing.TB, ns *NetNS, id Identity, addr netip.AddrPort) (string, er
 }
 
 // RunHelper runs one of this package's helper commands in a child of the test binary inside ns
-// as id and returns its standard output; the error carries its standard error.
+// as id and returns its standard output; the error carries its standard error. Like
+// [ChildCommand], the child is the test binary re-executed through /proc/self/exe as id.
 func RunHelper(ns *NetNS, id Identity, helper string, args ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
-	err := ns.Do(func() error {
-		cmd := exec.Command(os.Args[0], args...)
-		cmd.Env = append(os.Environ(), helperEnv+"="+helper,
-			"DETOUR_HELPER_UID="+strconv.FormatUint(uint64(id.UID), 10),
-			"DETOUR_HELPER_GID="+strconv.FormatUint(uint64(id.GID), 10))
-		cmd.Stdout, cmd.Stderr = &stdout, &stderr
-		return cmd.Run()
-	})
-	if err != nil {
+	cmd := id.Command(context.Background(), netlab.Self, args...)
+	cmd.Env = append(os.Environ(), helperEnv+"="+helper)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := ns.Do(cmd.Run); err != nil {
 		return stdout.String(), fmt.Errorf("%s %s as %s in %s: %w: %s", helper, strings.Join(args, " "), id, ns.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return stdout.String(), nil
@@ -96,16 +91,8 @@ func RunHelper(ns *NetNS, id Identity, helper string, args ...string) (string, e
 
 const helperEnv = "DETOUR_TESTENV_HELPER"
 
-// runHelper is the child side of RunHelper: it takes on the requested identity (the test
-// binary may not be executable by that UID, so the child starts as root and drops), then runs
-// the helper.
+// runHelper is the child side of RunHelper: it runs the helper, already as its identity.
 func runHelper(name string) int {
-	uid, _ := strconv.ParseUint(os.Getenv("DETOUR_HELPER_UID"), 10, 32)
-	gid, _ := strconv.ParseUint(os.Getenv("DETOUR_HELPER_GID"), 10, 32)
-	if err := becomeIdentity(int(uid), int(gid)); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 2
-	}
 	var err error
 	switch name {
 	case "dial":
@@ -120,10 +107,6 @@ func runHelper(name string) int {
 		return 1
 	}
 	return 0
-}
-
-func becomeIdentity(uid, gid int) error {
-	return Identity{UID: uint32(uid), GID: uint32(gid)}.Become()
 }
 
 func dialHelper(addr string) error {

@@ -180,12 +180,12 @@ func run(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string) s
 	return out
 }
 
-// command is bin with args as uid:uid, its output in f. Started from a thread in a network
-// namespace, it runs there; with a file for its output, no goroutine copies it.
+// command is bin with args as uid:uid (no supplementary groups), its output in f. Started from
+// a thread in a network namespace, it runs there; with a file for its output, no goroutine
+// copies it. It is not bound to the test's context: start stops it with SIGTERM at cleanup.
 func command(bin string, uid int, f *os.File, args ...string) *exec.Cmd {
-	cmd := exec.Command(bin, args...)
+	cmd := testenv.Identity{UID: uint32(uid), GID: uint32(uid)}.Command(context.Background(), bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(uid)}}
 	return cmd
 }
 

@@ -89,8 +89,14 @@ func (d *demo) playNode(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.n.Note("The nat table detour-cni installed in the pod's network namespace (%s backend):", backend)
-	d.n.Block(onlyRules(rules))
+	if backend != iptables.BackendNFTables {
+		rules = onlyRules(rules)
+	}
+	if strings.TrimSpace(rules) == "" {
+		return fmt.Errorf("detour-cni installed no rules in the pod's network namespace (%s backend)", backend)
+	}
+	d.n.Note("The rules detour-cni installed in the pod's network namespace (%s backend):", backend)
+	d.n.Block(rules)
 
 	d.n.Section("The pod starts: init containers first, while no proxy runs")
 	redirect, err := annotations.ParseRedirect(d.pod.Annotations)
@@ -602,6 +608,7 @@ func copyFile(src, dst string) error {
 	return os.WriteFile(dst, b, 0o755)
 }
 
+// onlyRules keeps detour's chains and rules of iptables-save output.
 func onlyRules(save string) string {
 	var b strings.Builder
 	for line := range strings.Lines(save) {

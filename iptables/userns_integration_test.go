@@ -6,14 +6,12 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/netlab"
 	"github.com/detourmesh/detour/internal/nsutil"
 	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
@@ -136,6 +134,7 @@ func setLoopbackUp(ns *testenv.NetNS) error {
 // for each line "UID:GID ADDR" connects to ADDR as that identity of its user namespace (on a
 // thread of its own) and prints the answer or the error.
 func usernsDialer([]string) int {
+	self := &testenv.NetNS{Name: "the child's", Path: "/proc/self/ns/net"}
 	fmt.Println("ready")
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
@@ -143,39 +142,11 @@ func usernsDialer([]string) int {
 		u, g, _ := strings.Cut(idText, ":")
 		uid, _ := strconv.ParseUint(u, 10, 32)
 		gid, _ := strconv.ParseUint(g, 10, 32)
-		line, err := dialOnThreadAs(uint32(uid), uint32(gid), addr)
+		line, err := testenv.DialAs(self, testenv.Identity{UID: uint32(uid), GID: uint32(gid)}, nil, netip.MustParseAddrPort(addr), 2*time.Second)
 		if err != nil {
 			line = "error " + err.Error()
 		}
 		fmt.Println(line)
 	}
 	return 0
-}
-
-// dialOnThreadAs connects to addr as uid and gid (no supplementary groups) from a thread of
-// its own, which takes the identity with raw system calls (changing that thread only) and is
-// never unlocked, so the runtime ends it with the goroutine.
-func dialOnThreadAs(uid, gid uint32, addr string) (string, error) {
-	type result struct {
-		line string
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		for _, call := range [][4]uintptr{
-			{syscall.SYS_SETGROUPS, 0, 0, 0},
-			{syscall.SYS_SETRESGID, uintptr(gid), uintptr(gid), uintptr(gid)},
-			{syscall.SYS_SETRESUID, uintptr(uid), uintptr(uid), uintptr(uid)},
-		} {
-			if _, _, errno := syscall.RawSyscall(call[0], call[1], call[2], call[3]); errno != 0 {
-				done <- result{err: fmt.Errorf("become %d:%d: %w", uid, gid, errno)}
-				return
-			}
-		}
-		line, err := netlab.DialLine(addr, 2*time.Second)
-		done <- result{line, err}
-	}()
-	r := <-done
-	return r.line, r.err
 }

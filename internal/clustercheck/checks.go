@@ -24,7 +24,7 @@ type state struct {
 	deploy    *appsv1.Deployment
 	deployErr error
 	injected  []corev1.Pod // every injected pod of the cluster
-	// uninjected are the running pods of opted-in namespaces that are not injected although
+	// uninjected are the pods of opted-in namespaces that are not injected although
 	// nothing exempts them (see [uninjectedCandidate]).
 	uninjected []corev1.Pod
 	podsErr    error

@@ -246,7 +246,7 @@ func TestCheckCluster(t *testing.T) {
 			"startup-taint":       {OK, "no node carries the startup taint detour.dev/cni-not-ready"},
 			"ready-label":         {OK, "carries detour.dev/cni-ready=true"},
 			"opted-in-namespaces": {OK, "1 namespace opted in (shop); 1 injected pod"},
-			"uninjected-pods":     {OK, "every running pod of an opted-in namespace is injected"},
+			"uninjected-pods":     {OK, "every pod of an opted-in namespace is injected"},
 			"validator":           {OK, "no injected pod's validator is failing (1 injected pod)"},
 			"repair":              {OK, "no pod in the last 1h0m0s"},
 			"version-skew":        {OK, "webhook, node agent (install-cni), node agent (repair), validator run one image, " + image},
@@ -470,7 +470,7 @@ func TestCheckCluster(t *testing.T) {
 		}, want: map[string]struct {
 			status Status
 			msg    string
-		}{"uninjected-pods": {Warning, "2 pods of opted-in namespaces run without detour: shop/bare, shop/web-2"}}},
+		}{"uninjected-pods": {Warning, "2 pods of opted-in namespaces run without detour: shop/bare, shop/web-2; 1 finished pod of opted-in namespaces ran without detour: shop/done"}}},
 		{name: "recent repairs", change: func(f *fixture) {
 			f.objects = append(f.objects,
 				repairEvent("web-1", "Delete", now.Add(-5*time.Minute)),

@@ -34,13 +34,13 @@ func (c *Checker) checkNamespaces(s *state) Result {
 }
 
 // uninjectedCandidate reports whether p, a pod of an opted-in namespace without detour's
-// injected marker, should have been injected: it runs (or waits to), and nothing the webhook
+// injected marker, should have been injected: it is not being deleted, and nothing the webhook
 // honours leaves it out — its own detour.dev/inject: disabled, the host network, being one of
 // detour's pods, Windows, or being a static pod's mirror (the API server never admits those
-// through webhooks).
+// through webhooks). Finished pods count: a Job's pod that ran without the mesh is news.
 func uninjectedCandidate(p *corev1.Pod) bool {
 	switch {
-	case p.DeletionTimestamp != nil, p.Status.Phase == corev1.PodSucceeded, p.Status.Phase == corev1.PodFailed:
+	case p.DeletionTimestamp != nil:
 		return false
 	case p.Annotations[annotations.Inject] == string(annotations.InjectDisabled):
 		return false
@@ -67,17 +67,29 @@ func (c *Checker) checkUninjected(s *state) Result {
 	case s.nsErr != nil:
 		return cannot(name, s.nsErr)
 	case len(s.uninjected) == 0:
-		return Result{Name: name, Status: OK, Message: "every running pod of an opted-in namespace is injected"}
+		return Result{Name: name, Status: OK, Message: "every pod of an opted-in namespace is injected"}
 	}
-	var names []string
+	var live, finished []string
 	for _, p := range s.uninjected {
-		names = append(names, p.Namespace+"/"+p.Name)
+		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			finished = append(finished, p.Namespace+"/"+p.Name)
+		} else {
+			live = append(live, p.Namespace+"/"+p.Name)
+		}
 	}
-	slices.Sort(names)
-	return Result{Name: name, Status: Warning,
-		Message: fmt.Sprintf("%s of opted-in namespaces %s without detour: %s", plural(len(names), "pod"), verb(len(names), "runs", "run"), list(names)),
+	slices.Sort(live)
+	slices.Sort(finished)
+	var parts []string
+	if len(live) > 0 {
+		parts = append(parts, fmt.Sprintf("%s of opted-in namespaces %s without detour: %s", plural(len(live), "pod"), verb(len(live), "runs", "run"), list(live)))
+	}
+	if len(finished) > 0 {
+		parts = append(parts, fmt.Sprintf("%s of opted-in namespaces ran without detour: %s", plural(len(finished), "finished pod"), list(finished)))
+	}
+	return Result{Name: name, Status: Warning, Message: strings.Join(parts, "; "),
 		Fix: "they were admitted while the API server could not call the webhook (failurePolicy Ignore: see webhook-endpoints and webhook-admission), or created before their namespace opted in; " +
-			"once the webhook answers, recreate them (kubectl -n NS rollout restart deployment NAME, or delete a bare pod and create it again)"}
+			"once the webhook answers, recreate the running ones (kubectl -n NS rollout restart deployment NAME, or delete a bare pod and create it again); " +
+			"finished ones (a Job's) have nothing to recreate: they ran outside the mesh, so look at what they did, then delete them"}
 }
 
 // validatorExit returns the exit code of pod's validator when it failed and has not passed

@@ -79,7 +79,7 @@ func (s *soak) inject(ctx context.Context, kind faultKind) {
 		// Every other time forced, as an admin clears a stuck pod: the pod object goes at once,
 		// and the token bound to it with it, before the kubelet sends the agent SIGTERM.
 		s.agentDeletes++
-		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=node-agent", 1, s.agentDeletes%2 == 1)
+		rec.detail, err = s.deleteAgent(ctx, s.agentDeletes%2 == 1)
 	case faultWebhookDelete:
 		rec.detail, err = s.deleteOne(ctx, "app.kubernetes.io/component=webhook", 2, false)
 	case faultContainerd, faultKubelet, faultAPIServer:
@@ -101,6 +101,48 @@ func (s *soak) inject(ctx context.Context, kind faultKind) {
 	if err != nil {
 		s.t.Errorf("fault %s: %v", kind, err)
 	}
+}
+
+// deleteAgent deletes the node agent's pod (see deleteOne) and reads what the agent decided at
+// SIGTERM from its log on the node, held open from before the deletion so that the kubelet's
+// removal of the file cannot hide it: a deleted pod, forced or not, is no uninstall.
+func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
+	const selector = "app.kubernetes.io/component=node-agent"
+	pods, err := s.e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	if err != nil {
+		return "", err
+	}
+	var logs []*os.File
+	for _, p := range pods.Items {
+		files, _ := filepath.Glob(filepath.Join(s.e.node.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni", "*.log"))
+		for _, name := range files {
+			if f, err := os.Open(name); err == nil {
+				logs = append(logs, f)
+				defer f.Close()
+			}
+		}
+	}
+	detail, err := s.deleteOne(ctx, selector, 1, forced)
+	if err != nil {
+		return detail, err
+	}
+	var decision string
+	for _, f := range logs {
+		b, _ := io.ReadAll(f) // the rest of the file, to its end at the agent's exit
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, "stopping") || strings.Contains(line, "token") && strings.Contains(line, "refuses") {
+				decision += strings.TrimSpace(line) + " "
+			}
+		}
+	}
+	switch {
+	case decision == "":
+		// The kubelet gives a force-deleted pod's containers 2 s after SIGTERM.
+		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM (killed first?)", detail, len(logs)), nil
+	case strings.Contains(decision, "uninstalling"):
+		return detail, fmt.Errorf("%s; the agent uninstalled detour at SIGTERM: %s", detail, decision)
+	}
+	return detail + "; at SIGTERM: " + strings.TrimSpace(decision), nil
 }
 
 // deleteOne deletes one of detour's pods matching selector (seeded choice) — forced: with no

@@ -131,6 +131,9 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 		b, _ := io.ReadAll(f) // the rest of the file, to its end at the agent's exit
 		for line := range strings.Lines(string(b)) {
 			if strings.Contains(line, "stopping") || strings.Contains(line, "token") && strings.Contains(line, "refuses") {
+				if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
+					line = msg
+				}
 				decision += strings.TrimSpace(line) + " "
 			}
 		}

@@ -148,8 +148,11 @@ func (e *env) leaks(ctx context.Context) (leakReport, error) {
 
 // resourceSampler samples the resident memory and open file descriptors of detour's
 // processes on the node (the webhook, the node agent's install-cni and repair) every few
-// seconds. Each process's growth is measured from its first sample after a minute's warm-up
-// to its last; the table shows the longest-lived process of each component.
+// seconds. Each process's growth is measured from the median of its samples in the first
+// window after a minute's warm-up to the median of those in its last window: a Go process's
+// RSS swings by ±5% from one sample to the next with its garbage collector, which a single
+// first and last sample would report as growth or shrinkage. The table shows the
+// longest-lived process of each component.
 type resourceSampler struct {
 	cgroup string
 	mu     sync.Mutex
@@ -157,10 +160,33 @@ type resourceSampler struct {
 }
 
 type procSamples struct {
-	component  string
-	first      time.Time
-	warm, last resourceSample
-	warmedUp   bool
+	component string
+	first     time.Time
+	// samples are the process's samples after its warm-up.
+	samples []resourceSample
+}
+
+// span is how long the process was sampled after its warm-up.
+func (p *procSamples) span() time.Duration {
+	if len(p.samples) == 0 {
+		return 0
+	}
+	return p.samples[len(p.samples)-1].at.Sub(p.samples[0].at)
+}
+
+// medians are the median RSS and open fds of the samples within d of the first one (from
+// true) or of the last one.
+func (p *procSamples) medians(d time.Duration, from bool) (rssKiB, fds int64) {
+	var rss, open []int64
+	first, last := p.samples[0].at, p.samples[len(p.samples)-1].at
+	for _, s := range p.samples {
+		if from && s.at.Sub(first) <= d || !from && last.Sub(s.at) <= d {
+			rss, open = append(rss, s.rssKiB), append(open, s.openFDs)
+		}
+	}
+	slices.Sort(rss)
+	slices.Sort(open)
+	return rss[len(rss)/2], open[len(open)/2]
 }
 
 type resourceSample struct {
@@ -169,7 +195,11 @@ type resourceSample struct {
 	openFDs int64
 }
 
-const resourceWarmUp = time.Minute
+const (
+	resourceWarmUp = time.Minute
+	// resourceWindow is the length of the first and the last window whose medians are compared.
+	resourceWindow = 30 * time.Second
+)
 
 func newResourceSampler(cgroup string) *resourceSampler {
 	return &resourceSampler{cgroup: cgroup, procs: map[int]*procSamples{}}
@@ -212,10 +242,9 @@ func (r *resourceSampler) sample() {
 			p = &procSamples{component: component, first: now}
 			r.procs[pid] = p
 		}
-		if !p.warmedUp && now.Sub(p.first) >= resourceWarmUp {
-			p.warm, p.warmedUp = s, true
+		if now.Sub(p.first) >= resourceWarmUp {
+			p.samples = append(p.samples, s)
 		}
-		p.last = s
 		r.mu.Unlock()
 	}
 }
@@ -228,19 +257,20 @@ func (r *resourceSampler) rows() [][2]string {
 		var best *procSamples
 		bestPID := 0
 		for pid, p := range r.procs {
-			if p.component == c && p.warmedUp && (best == nil || p.last.at.Sub(p.warm.at) > best.last.at.Sub(best.warm.at)) {
+			if p.component == c && (best == nil || p.span() > best.span()) {
 				best, bestPID = p, pid
 			}
 		}
-		what := "growth after warm-up of " + c + "'s RSS and open fds (its longest-lived process)"
-		if best == nil || best.last.at.Sub(best.warm.at) < 30*time.Second {
-			rows = append(rows, [2]string{what, "no process lived 30s past its 1m warm-up"})
+		what := "growth after warm-up of " + c + "'s RSS and open fds (its longest-lived process; medians of the first and last 30s)"
+		if best == nil || best.span() < 2*resourceWindow {
+			rows = append(rows, [2]string{what, "no process lived 1m past its 1m warm-up"})
 			continue
 		}
+		rss0, fds0 := best.medians(resourceWindow, true)
+		rss1, fds1 := best.medians(resourceWindow, false)
 		rows = append(rows, [2]string{what, fmt.Sprintf("RSS %.1f → %.1f MiB (%+.1f%%), fds %d → %d (%+.1f%%) over %s (pid %d)",
-			float64(best.warm.rssKiB)/1024, float64(best.last.rssKiB)/1024, growth(best.warm.rssKiB, best.last.rssKiB),
-			best.warm.openFDs, best.last.openFDs, growth(best.warm.openFDs, best.last.openFDs),
-			best.last.at.Sub(best.warm.at).Round(time.Second), bestPID)})
+			float64(rss0)/1024, float64(rss1)/1024, growth(rss0, rss1), fds0, fds1, growth(fds0, fds1),
+			best.span().Round(time.Second), bestPID)})
 	}
 	return rows
 }

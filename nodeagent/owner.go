@@ -93,7 +93,10 @@ func (a *Agent) ownerGone(ctx context.Context) (bool, string) {
 // delayed by a slow or restarting kubelet can come after, when the pod alone was deleted. The
 // plugin's token, bound to no object, tells the two apart: still accepted, the release's
 // service accounts exist and nothing is uninstalled. Without one to ask with (the plugin shares
-// the agent's token, or its own has expired), the refusal counts as the uninstall.
+// the agent's token, or its own has expired), the refusal counts as the uninstall. (The API
+// server remembers a token it accepted for 10 s: a plugin token used in the 10 s before an
+// uninstall still reads as accepted. The plugin uses it only for pods whose annotations the
+// runtime does not pass, never on containerd 2.x.)
 func (a *Agent) ownTokenRefused(ctx context.Context, refused error) (bool, string) {
 	gone := fmt.Sprintf("the API server no longer accepts the agent's token (%v): its service account is being deleted with the DaemonSet", refused)
 	accepted, err := a.pluginTokenAccepted(ctx)
@@ -114,7 +117,7 @@ func (a *Agent) pluginTokenAccepted(ctx context.Context) (bool, error) {
 	t := a.tokens
 	switch {
 	case t == nil || a.tokenClient == nil:
-		return false, errors.New("the plugin has no token of its own")
+		return false, errors.New("no token of the plugin's own to ask with")
 	case t.token == nil || !a.now().Before(t.expires):
 		return false, fmt.Errorf("the plugin's token for %s has expired or was never issued", t.account())
 	}

@@ -142,6 +142,7 @@ func (a *Agent) stopping() {
 		a.log.Info("stopping; detour's CNI configuration stays in place")
 		return
 	}
+	a.log.Info("SIGTERM: reading the agent's DaemonSet to tell a rollout from an uninstall", "daemonset", a.owner.namespace+"/"+a.owner.name)
 	ctx, cancel := context.WithTimeout(context.Background(), ownerCheckTimeout)
 	defer cancel()
 	gone, why := a.ownerGone(ctx)

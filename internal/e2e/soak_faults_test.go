@@ -130,7 +130,7 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	for _, f := range logs {
 		b, _ := io.ReadAll(f) // the rest of the file, to its end at the agent's exit
 		for line := range strings.Lines(string(b)) {
-			if strings.Contains(line, "stopping") || strings.Contains(line, "token") && strings.Contains(line, "refuses") {
+			if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || strings.Contains(line, "token") && strings.Contains(line, "refuses") {
 				if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
 					line = msg
 				}
@@ -139,9 +139,9 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 		}
 	}
 	switch {
-	case decision == "":
+	case !strings.Contains(decision, "stopping"):
 		// The kubelet gives a force-deleted pod's containers 2 s after SIGTERM.
-		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM (killed first?)", detail, len(logs)), nil
+		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM, killed first: %q", detail, len(logs), decision), nil
 	case strings.Contains(decision, "uninstalling"):
 		return detail, fmt.Errorf("%s; the agent uninstalled detour at SIGTERM: %s", detail, decision)
 	}

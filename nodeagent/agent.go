@@ -21,6 +21,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/fsnotify/fsnotify"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
@@ -110,6 +111,16 @@ func WithOwnPod(namespace, name string) Option {
 // pod (whose token ends with it); without this option it takes every refusal as an uninstall.
 func WithTokenClient(newClient func(token string) (kubernetes.Interface, error)) Option {
 	return func(a *Agent) { a.tokenClient = newClient }
+}
+
+// TokenClients is the constructor [WithTokenClient] wants for the API server rc reaches: each
+// client authenticates with the token given and with nothing of rc's own credentials.
+func TokenClients(rc *rest.Config) func(token string) (kubernetes.Interface, error) {
+	return func(token string) (kubernetes.Interface, error) {
+		c := rest.AnonymousClientConfig(rc)
+		c.BearerToken = token
+		return kubernetes.NewForConfig(c)
+	}
 }
 
 // WithLogger sets the logger (default slog.Default()).

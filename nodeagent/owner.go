@@ -10,6 +10,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/detourmesh/detour/annotations"
 )
 
 // ownerCheckTimeout bounds the look at the agent's DaemonSet at SIGTERM, and the uninstall that
@@ -93,17 +95,23 @@ func (a *Agent) ownerGone(ctx context.Context) (bool, string) {
 // delayed by a slow or restarting kubelet can come after, when the pod alone was deleted. The
 // plugin's token, bound to no object, tells the two apart: still accepted, the release's
 // service accounts exist and nothing is uninstalled. Without one to ask with (the plugin shares
-// the agent's token, or its own has expired), the refusal counts as the uninstall. (The API
+// the agent's token, or its own has expired), the refusal counts as the uninstall; when the API
+// server cannot be asked, everything stays, as for any answer that is not a clear one. (The API
 // server remembers a token it accepted for 10 s: a plugin token used in the 10 s before an
 // uninstall still reads as accepted. The plugin uses it only for pods whose annotations the
 // runtime does not pass, never on containerd 2.x.)
 func (a *Agent) ownTokenRefused(ctx context.Context, refused error) (bool, string) {
 	gone := fmt.Sprintf("the API server no longer accepts the agent's token (%v): its service account is being deleted with the DaemonSet", refused)
-	accepted, err := a.pluginTokenAccepted(ctx)
+	token, ok := a.ownPluginToken()
+	if !ok {
+		a.log.Warn("the API server refuses the agent's token, and there is no token of the plugin's own to tell why with; taking it as detour's uninstall")
+		return true, gone
+	}
+	accepted, err := a.tokenAccepted(ctx, token)
 	switch {
 	case err != nil:
-		a.log.Warn("the API server refuses the agent's token and the plugin's cannot tell why; taking it as detour's uninstall", "err", err)
-		return true, gone
+		a.log.Warn("the API server refuses the agent's token, and asking it about the plugin's failed; leaving detour in place", "err", err)
+		return false, ""
 	case accepted:
 		a.log.Info("the API server refuses the agent's token but accepts the plugin's: the agent's pod is gone, not detour's service accounts; leaving detour in place", "err", refused)
 		return false, ""
@@ -111,28 +119,29 @@ func (a *Agent) ownTokenRefused(ctx context.Context, refused error) (bool, strin
 	return true, gone + "; the plugin's is refused too"
 }
 
-// pluginTokenAccepted asks the API server who the plugin's token belongs to: true when it
-// authenticates it (a Forbidden answer authenticated it too), false when it refuses it.
-func (a *Agent) pluginTokenAccepted(ctx context.Context) (bool, error) {
+// ownPluginToken is the plugin's own token, while the agent holds one that has not expired.
+func (a *Agent) ownPluginToken() (string, bool) {
 	t := a.tokens
-	switch {
-	case t == nil || a.tokenClient == nil:
-		return false, errors.New("no token of the plugin's own to ask with")
-	case t.token == nil || !a.now().Before(t.expires):
-		return false, fmt.Errorf("the plugin's token for %s has expired or was never issued", t.account())
+	if t == nil || a.tokenClient == nil || t.token == nil || !a.now().Before(t.expires) {
+		return "", false
 	}
-	client, err := a.tokenClient(string(t.token))
+	return string(t.token), true
+}
+
+// tokenAccepted asks the API server who token belongs to (a SelfSubjectReview): false when it
+// answers 401 Unauthorized, true for any other answer of its own — it authenticated the token
+// before it could refuse the request (403) or not know the API (404, before Kubernetes 1.28).
+// An error means no answer came.
+func (a *Agent) tokenAccepted(ctx context.Context, token string) (bool, error) {
+	client, err := a.tokenClient(token)
 	if err != nil {
-		return false, err
+		return false, fmt.Errorf("build an API client with the plugin's token: %w", err)
 	}
 	_, err = client.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
-	switch {
-	case err == nil, apierrors.IsForbidden(err):
-		return true, nil
-	case apierrors.IsUnauthorized(err):
-		return false, nil
+	if _, answered := errors.AsType[*apierrors.StatusError](err); err == nil || answered {
+		return !apierrors.IsUnauthorized(err), nil
 	}
-	return false, fmt.Errorf("ask the API server about the plugin's token for %s: %w", t.account(), err)
+	return false, fmt.Errorf("ask the API server about the plugin's token for %s: %w", a.tokens.account(), err)
 }
 
 // stopping runs when Run's context ends (SIGTERM): it uninstalls detour from the node when the
@@ -151,7 +160,13 @@ func (a *Agent) stopping() {
 		return
 	}
 	a.log.Info("stopping and uninstalling detour from this node: "+why, "node", a.cfg.NodeName)
-	if err := a.Uninstall(ctx); err != nil {
+	switch err := a.Uninstall(ctx); {
+	case err != nil && onlyLabelFailed(err):
+		// The uninstall deleted the agent's RBAC or service account too.
+		a.log.Warn("detour is uninstalled from this node, but the node keeps its ready label: the agent may no longer patch the node",
+			"err", err, "fix", fmt.Sprintf("kubectl label node %s %s-; kubectl annotate node %s %s-", a.cfg.NodeName, annotations.CNIReadyLabel, a.cfg.NodeName, annotations.CNIReadyBootAnnotation))
+		return
+	case err != nil:
 		a.log.Error("uninstall at SIGTERM failed; run detour install-cni --uninstall on the node", "err", err)
 		return
 	}

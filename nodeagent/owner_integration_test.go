@@ -1,8 +1,10 @@
 package nodeagent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,7 +17,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
@@ -146,9 +147,11 @@ func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		uninstall bool
+		logs      []string // in the agent's log at SIGTERM
 	}{
-		{"only the agent's pod is gone", false},
-		{"the release is uninstalled", true},
+		{"only the agent's pod is gone", false, []string{"refuses the agent's token but accepts the plugin's"}},
+		// The agent may no longer take the ready label off: it says so, with the fix.
+		{"the release is uninstalled", true, []string{"the plugin's is refused too", "keeps its ready label", "kubectl label node"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newRBACFixture(t)
@@ -173,12 +176,9 @@ func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
 			e.flags.NodeName = node.Name
 			primary := filepath.Join(e.confDir, "10-calico.conflist")
 			writeFile(t, primary, calico)
+			var log bytes.Buffer // read once the agent has stopped
 			a := e.agent(t, nodeagent.WithNodeClient(kubernetes.NewForConfigOrDie(agentConfig(f.cfg, e.saDir))),
-				nodeagent.WithOwnPod(pod.Namespace, pod.Name), nodeagent.WithTokenClient(func(token string) (kubernetes.Interface, error) {
-					c := rest.AnonymousClientConfig(f.cfg)
-					c.BearerToken = token
-					return kubernetes.NewForConfig(c)
-				}))
+				nodeagent.WithOwnPod(pod.Namespace, pod.Name), nodeagent.WithTokenClient(nodeagent.TokenClients(f.cfg)), nodeagent.WithLogger(slog.New(slog.NewTextHandler(&log, nil))))
 			stop := run(t, a)
 			eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
 
@@ -205,6 +205,11 @@ func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
 			entry := slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni")
 			if entry == tc.uninstall {
 				t.Errorf("entry in place after SIGTERM: %v; want uninstalled %v", entry, tc.uninstall)
+			}
+			for _, want := range tc.logs {
+				if !strings.Contains(log.String(), want) {
+					t.Errorf("the agent's log does not say %q:\n%s", want, log.String())
+				}
 			}
 		})
 	}

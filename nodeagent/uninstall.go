@@ -35,7 +35,7 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 	}
 	if a.node != nil {
 		if err := a.node.unlabel(ctx); err != nil {
-			errs = append(errs, err)
+			errs = append(errs, &labelError{err})
 		} else {
 			a.log.Info("removed the node's ready label", "node", a.node.name)
 		}
@@ -47,6 +47,28 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
 	}
 	return err
+}
+
+// labelError is the failure to take the ready label off the node, the one part of an uninstall
+// on the API server rather than on the node.
+type labelError struct{ err error }
+
+func (e *labelError) Error() string { return e.err.Error() }
+func (e *labelError) Unwrap() error { return e.err }
+
+// onlyLabelFailed reports whether err, from [Agent.Uninstall], is the label's failure alone:
+// everything on the node is gone.
+func onlyLabelFailed(err error) bool {
+	joined, ok := err.(interface{ Unwrap() []error })
+	if !ok {
+		return false
+	}
+	for _, e := range joined.Unwrap() {
+		if _, label := e.(*labelError); !label {
+			return false
+		}
+	}
+	return true
 }
 
 // removeAllEntries removes detour's entries from every configuration file in the directory and

@@ -153,7 +153,7 @@ func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*n
 	}
 	opts := []nodeagent.Option{nodeagent.WithNodeClient(client), nodeagent.WithLogger(log)}
 	if !o.uninstall {
-		opts = append(opts, nodeagent.WithOwnPod(o.podNS, o.podName), nodeagent.WithTokenClient(tokenClient(rc)))
+		opts = append(opts, nodeagent.WithOwnPod(o.podNS, o.podName), nodeagent.WithTokenClient(nodeagent.TokenClients(rc)))
 	}
 	return nodeagent.New(cfg, opts...), nil
 }

@@ -78,16 +78,6 @@ func kubeClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-// tokenClient returns a constructor of clientsets that reach the same API server as rc but
-// authenticate with the token given, and nothing of rc's own credentials.
-func tokenClient(rc *rest.Config) func(token string) (kubernetes.Interface, error) {
-	return func(token string) (kubernetes.Interface, error) {
-		c := rest.AnonymousClientConfig(rc)
-		c.BearerToken = token
-		return kubernetes.NewForConfig(c)
-	}
-}
-
 // endpoint is an HTTP handler and the address it is served at.
 type endpoint struct {
 	addr string

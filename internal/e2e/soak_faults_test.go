@@ -16,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -112,15 +113,29 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// The running container's log: <restart count>.log, the highest of its pod's.
 	var logs []*os.File
 	for _, p := range pods.Items {
-		files, _ := filepath.Glob(filepath.Join(s.e.node.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni", "*.log"))
-		for _, name := range files {
-			if f, err := os.Open(name); err == nil {
-				logs = append(logs, f)
-				defer f.Close()
+		dir := filepath.Join(s.e.node.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni")
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			return "", fmt.Errorf("the node agent's log on the node: %w", err)
+		}
+		newest, restarts := "", -1
+		for _, e := range entries {
+			if n, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".log")); err == nil && n > restarts {
+				newest, restarts = e.Name(), n
 			}
 		}
+		if restarts < 0 {
+			return "", fmt.Errorf("the node agent's log on the node: no <n>.log in %s", dir)
+		}
+		f, err := os.Open(filepath.Join(dir, newest))
+		if err != nil {
+			return "", fmt.Errorf("the node agent's log on the node: %w", err)
+		}
+		defer f.Close()
+		logs = append(logs, f)
 	}
 	detail, err := s.deleteOne(ctx, selector, 1, forced)
 	if err != nil {
@@ -130,7 +145,7 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	for _, f := range logs {
 		b, _ := io.ReadAll(f) // the rest of the file, to its end at the agent's exit
 		for line := range strings.Lines(string(b)) {
-			if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || strings.Contains(line, "token") && strings.Contains(line, "refuses") {
+			if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || (strings.Contains(line, "token") && strings.Contains(line, "refuses")) {
 				if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
 					line = msg
 				}

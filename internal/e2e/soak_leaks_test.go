@@ -174,13 +174,11 @@ func (p *procSamples) span() time.Duration {
 	return p.samples[len(p.samples)-1].at.Sub(p.samples[0].at)
 }
 
-// medians are the median RSS and open fds of the samples within d of the first one (from
-// true) or of the last one.
-func (p *procSamples) medians(d time.Duration, from bool) (rssKiB, fds int64) {
+// medians are the median RSS and open fds of the samples taken from from to to.
+func (p *procSamples) medians(from, to time.Time) (rssKiB, fds int64) {
 	var rss, open []int64
-	first, last := p.samples[0].at, p.samples[len(p.samples)-1].at
 	for _, s := range p.samples {
-		if from && s.at.Sub(first) <= d || !from && last.Sub(s.at) <= d {
+		if !s.at.Before(from) && !s.at.After(to) {
 			rss, open = append(rss, s.rssKiB), append(open, s.openFDs)
 		}
 	}
@@ -266,8 +264,9 @@ func (r *resourceSampler) rows() [][2]string {
 			rows = append(rows, [2]string{what, "no process lived 1m past its 1m warm-up"})
 			continue
 		}
-		rss0, fds0 := best.medians(resourceWindow, true)
-		rss1, fds1 := best.medians(resourceWindow, false)
+		first, last := best.samples[0].at, best.samples[len(best.samples)-1].at
+		rss0, fds0 := best.medians(first, first.Add(resourceWindow))
+		rss1, fds1 := best.medians(last.Add(-resourceWindow), last)
 		rows = append(rows, [2]string{what, fmt.Sprintf("RSS %.1f → %.1f MiB (%+.1f%%), fds %d → %d (%+.1f%%) over %s (pid %d)",
 			float64(rss0)/1024, float64(rss1)/1024, growth(rss0, rss1), fds0, fds1, growth(fds0, fds1),
 			best.span().Round(time.Second), bestPID)})

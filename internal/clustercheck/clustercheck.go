@@ -44,6 +44,9 @@ type Result struct {
 	Message string `json:"message"`
 	Fix     string `json:"fix,omitempty"`
 	Docs    string `json:"docs,omitempty"`
+	// Objects are all the objects the result is about, as namespace/name, where the message
+	// names only the first few (uninjected-pods: every pod it found).
+	Objects []string `json:"objects,omitempty"`
 }
 
 // Report is every check's result, in the order they ran.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strings"
@@ -588,5 +589,27 @@ func TestTroubleshootingHasEveryCheck(t *testing.T) {
 		if !strings.Contains(string(doc), "\n### check-cluster: "+name+"\n") {
 			t.Errorf("docs/troubleshooting.md has no section \"### check-cluster: %s\" (the anchor of the check's docs link)", name)
 		}
+	}
+}
+
+// The message names the first few uninjected pods; Objects (in -o json) names every one, so a
+// script can act on all of them.
+func TestUninjectedPodsObjects(t *testing.T) {
+	s := &state{}
+	var want []string
+	for i := range 7 {
+		p := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: fmt.Sprintf("web-%d", i)}}
+		if i == 6 {
+			p.Status.Phase = corev1.PodSucceeded
+		}
+		s.uninjected = append(s.uninjected, p)
+		want = append(want, "shop/"+p.Name)
+	}
+	res := (&Checker{}).checkUninjected(s)
+	if res.Status != Warning || !slices.Equal(res.Objects, want) {
+		t.Errorf("objects %v, want %v", res.Objects, want)
+	}
+	if msg := "6 pods of opted-in namespaces run without detour: shop/web-0, shop/web-1, shop/web-2, shop/web-3, shop/web-4 and 1 more; 1 finished pod of opted-in namespaces ran without detour: shop/web-6"; res.Message != msg {
+		t.Errorf("message %q\nwant %q", res.Message, msg)
 	}
 }

@@ -86,7 +86,7 @@ func (c *Checker) checkUninjected(s *state) Result {
 	if len(finished) > 0 {
 		parts = append(parts, fmt.Sprintf("%s of opted-in namespaces ran without detour: %s", plural(len(finished), "finished pod"), list(finished)))
 	}
-	return Result{Name: name, Status: Warning, Message: strings.Join(parts, "; "),
+	return Result{Name: name, Status: Warning, Message: strings.Join(parts, "; "), Objects: slices.Concat(live, finished),
 		Fix: "they were admitted while the API server could not call the webhook (failurePolicy Ignore: see webhook-endpoints and webhook-admission), or created before their namespace opted in; " +
 			"once the webhook answers, recreate the running ones (kubectl -n NS rollout restart deployment NAME, or delete a bare pod and create it again); " +
 			"finished ones (a Job's) have nothing to recreate: they ran outside the mesh, so look at what they did, then delete them"}

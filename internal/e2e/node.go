@@ -240,6 +240,11 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 		_, err := n.Run(ctx, n.ctr("version")...)
 		return err == nil
 	case "kubelet":
+		// Its own health endpoint first: the Node's Ready condition outlives a kubelet that
+		// died (a kubelet that exited at start, its runtime restarting, still read as ready).
+		if !n.httpOK(ctx, "http://127.0.0.1:10248/healthz", false) {
+			return false
+		}
 		node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
 		if err != nil {
 			return false

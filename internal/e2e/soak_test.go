@@ -27,7 +27,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/repair"
 	"github.com/detourmesh/detour/validator"
 )
@@ -773,7 +772,7 @@ func (s *soak) finish(ctx context.Context) {
 			continue
 		}
 		live++
-		if res.Status == clustercheck.OK || !strings.Contains(res.Message, name) {
+		if !slices.Contains(res.Objects, name) {
 			unreported = append(unreported, name)
 		}
 	}

@@ -187,6 +187,7 @@ func machineSysctls() map[string]string {
 
 // StartComponent starts one of the node's processes and waits until it is ready.
 func (n *Node) StartComponent(ctx context.Context, name string) error {
+	boots := strings.Count(n.Log(name), containerdBooted)
 	argv, env := n.command(name)
 	pid, err := n.holder.start(argv, env, n.logPath(name), "")
 	if err != nil {
@@ -199,6 +200,9 @@ func (n *Node) StartComponent(ctx context.Context, name string) error {
 		if exited, code, _ := n.holder.wait(pid, 0); exited {
 			return false, fmt.Errorf("exited with code %d", code)
 		}
+		if name == "containerd" && strings.Count(n.Log(name), containerdBooted) == boots {
+			return false, nil
+		}
 		return n.ready(ctx, name), nil
 	})
 	if err != nil {
@@ -206,6 +210,11 @@ func (n *Node) StartComponent(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// containerdBooted is what containerd logs once its CRI service is initialized: it serves its
+// socket (and answers `ctr version`) seconds before, while CRI calls still fail with "server is
+// not initialized yet" — a kubelet started then exits.
+const containerdBooted = "containerd successfully booted"
 
 // StopComponent stops one of the node's processes (SIGTERM, then SIGKILL after 10 s).
 func (n *Node) StopComponent(name string) error {

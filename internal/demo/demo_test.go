@@ -21,6 +21,7 @@ func TestMain(m *testing.M) {
 // reaches the network, the app is captured, the pod without exemptions fails as in seed 003.
 func TestIntegrationDemo(t *testing.T) {
 	testenv.Privileged(t)
+	testenv.LockHost(t) // its bridge and veths are in the host's network namespace
 	for _, bin := range []string{"kube-apiserver", "etcd", "bridge", "host-local"} {
 		testenv.Binary(t, bin)
 	}

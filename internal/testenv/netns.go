@@ -3,6 +3,8 @@ package testenv
 import (
 	"net/netip"
 	"os"
+	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/detourmesh/detour/internal/netlab"
@@ -49,4 +51,23 @@ func AddRoute(t testing.TB, ns *NetNS, dst netip.Prefix, gw netip.Addr) {
 	if err := netlab.AddRoute(ns, dst, gw); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// LockHost holds, until t ends, a lock that the tests which change the host's own network
+// namespace or count its links and mounts take, so that go test's packages, which run in
+// parallel, do not see each other's (the demo's bridge, a node's leftovers).
+func LockHost(t testing.TB) {
+	t.Helper()
+	if err := os.MkdirAll(nsRoot, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(nsRoot, "host.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		t.Fatalf("lock %s: %v", f.Name(), err)
+	}
+	t.Cleanup(func() { f.Close() })
 }

@@ -187,7 +187,6 @@ func machineSysctls() map[string]string {
 
 // StartComponent starts one of the node's processes and waits until it is ready.
 func (n *Node) StartComponent(ctx context.Context, name string) error {
-	boots := strings.Count(n.Log(name), containerdBooted)
 	argv, env := n.command(name)
 	pid, err := n.holder.start(argv, env, n.logPath(name), "")
 	if err != nil {
@@ -200,9 +199,6 @@ func (n *Node) StartComponent(ctx context.Context, name string) error {
 		if exited, code, _ := n.holder.wait(pid, 0); exited {
 			return false, fmt.Errorf("exited with code %d", code)
 		}
-		if name == "containerd" && strings.Count(n.Log(name), containerdBooted) == boots {
-			return false, nil
-		}
 		return n.ready(ctx, name), nil
 	})
 	if err != nil {
@@ -214,7 +210,7 @@ func (n *Node) StartComponent(ctx context.Context, name string) error {
 // containerdBooted is what containerd logs once its CRI service is initialized: it serves its
 // socket (and answers `ctr version`) seconds before, while CRI calls still fail with "server is
 // not initialized yet" — a kubelet started then exits.
-const containerdBooted = "containerd successfully booted"
+const containerdBooted, containerdStarting = "containerd successfully booted", `msg="starting containerd"`
 
 // StopComponent stops one of the node's processes (SIGTERM, then SIGKILL after 10 s).
 func (n *Node) StopComponent(name string) error {
@@ -246,6 +242,11 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 	case "kube-scheduler":
 		return n.httpOK(ctx, "https://127.0.0.1:10259/healthz", false)
 	case "containerd":
+		// Its log is appended to across restarts: this start's part follows the last start line.
+		log := n.Log(name)
+		if !strings.Contains(log[max(strings.LastIndex(log, containerdStarting), 0):], containerdBooted) {
+			return false
+		}
 		_, err := n.Run(ctx, n.ctr("version")...)
 		return err == nil
 	case "kubelet":

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,13 +21,15 @@ import (
 )
 
 // The holder is a child of the test process, cloned into a new network namespace and a new
-// mount namespace. It prepares both (private mounts, scratch directories over the host's
-// /run, /var/lib and /var/log, fake files over the machine-wide sysctls the kubelet would
-// rewrite, the node's links and its stand-in for kube-proxy) and then starts every process of
-// the node on request, so that all of them share its namespaces without `ip netns exec`
-// (which remounts /sys) or nsenter. It is their subreaper: containerd's shims and the pods'
-// processes stay its descendants. When its stdin closes — the test ended, or died — it kills
-// everything in the run's cgroup and exits; the namespaces go with the last process.
+// mount namespace. It prepares both (private mounts; the host's mounts below /run, /var/lib
+// and /var/log detached and scratch directories over those three, so that the node's mount
+// table holds nothing of the host's there; fake files over the machine-wide sysctls the
+// kubelet would rewrite; the node's links and its stand-in for kube-proxy) and then starts
+// every process of the node on request, so that all of them share its namespaces without
+// `ip netns exec` (which remounts /sys) or nsenter. It is their subreaper: containerd's shims
+// and the pods' processes stay its descendants. When its stdin closes — the test ended, or
+// died — it kills everything in the run's cgroup and exits; the namespaces go with the last
+// process.
 
 // holderEnv carries the holder's spec (JSON); its presence makes the test binary a holder.
 const holderEnv = "DETOUR_E2E_HOLDER"
@@ -100,8 +103,11 @@ func setUpHolder(spec holderSpec) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mount namespace private: %w", err)
 	}
+	if err := detachHostMounts(spec.RunDir, append(slices.Clone(replacedDirs), spec.RunDir)...); err != nil {
+		return err
+	}
 	root := filepath.Join(spec.RunDir, "root")
-	for _, dir := range []string{"/run", "/var/lib", "/var/log"} {
+	for _, dir := range replacedDirs {
 		scratch := filepath.Join(root, dir)
 		if err := os.MkdirAll(scratch, 0o755); err != nil {
 			return err

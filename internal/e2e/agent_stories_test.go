@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
@@ -34,7 +33,7 @@ func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
 		// Three of containerd's STATUS rounds (about 5 s apart): the node stays Ready.
 		deadline := time.Now().Add(16 * time.Second)
 		for time.Now().Before(deadline) {
-			if ready, msg := e.nodeReady(t, ctx); !ready {
+			if ready, msg := nodeCondition(ctx, e.node); !ready {
 				t.Fatalf("the node went NotReady without the plugin's kubeconfig and token: %s", msg)
 			}
 			time.Sleep(time.Second)
@@ -53,7 +52,7 @@ func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
 			if hasStartupTaint(node) {
 				return false, fmt.Errorf("the agent put the startup taint back: %v", node.Spec.Taints)
 			}
-			return node.Labels[annotations.CNIReadyLabel] == "", nil
+			return node.Labels[annotations.CNIReadyLabel] == "", seen("node labels %v", node.Labels)
 		})
 		if err := e.node.WritePrimaryConfig(); err != nil {
 			t.Fatal(err)
@@ -83,24 +82,12 @@ func agentFollowsTheNode(t *testing.T, ctx context.Context, e *env) {
 		}
 		waitFor(t, ctx, "the restarted agent to put detour's configuration back with the API server down", 90*time.Second, func() (bool, error) {
 			found, err := e.detourConfigs()
-			return len(found) > 0, err
+			if err != nil {
+				return false, err
+			}
+			return len(found) > 0, seen("no detour configuration in %s", e.node.CNIConfDir)
 		})
 	})
-}
-
-// nodeReady returns the node's Ready condition and its message.
-func (e *env) nodeReady(t testing.TB, ctx context.Context) (bool, string) {
-	t.Helper()
-	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue, c.Message
-		}
-	}
-	return false, "no Ready condition"
 }
 
 // waitLabelled waits for the node's ready label.
@@ -111,7 +98,7 @@ func (e *env) waitLabelled(t testing.TB, ctx context.Context) {
 		if err != nil {
 			return false, err
 		}
-		return node.Labels[annotations.CNIReadyLabel] == "true", nil
+		return node.Labels[annotations.CNIReadyLabel] == "true", seen("node labels %v, taints %v", node.Labels, node.Spec.Taints)
 	})
 }
 

@@ -251,7 +251,10 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 		}
 		waitFor(t, ctx, "the pods of "+ns+" to be gone", time.Minute, func() (bool, error) {
 			pods, err := e.pods(ctx, ns, "")
-			return len(pods) == 0, err
+			if err != nil {
+				return false, err
+			}
+			return len(pods) == 0, seen("%d pods left", len(pods))
 		})
 	}
 	after := e.clusterState(t, ctx)

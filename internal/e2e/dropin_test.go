@@ -52,8 +52,10 @@ func (e *env) waitDetourConfigs(t testing.TB, ctx context.Context, what string, 
 	var got []string
 	waitFor(t, ctx, what, time.Minute, func() (bool, error) {
 		var err error
-		got, err = e.detourConfigs()
-		return err == nil && strings.Join(got, " ") == strings.Join(want, " "), err
+		if got, err = e.detourConfigs(); err != nil {
+			return false, err
+		}
+		return strings.Join(got, " ") == strings.Join(want, " "), seen("detour's configuration in %v", got)
 	})
 }
 
@@ -174,8 +176,10 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 				var p *corev1.Pod
 				waitFor(t, ctx, "pod "+ns+"/"+name+"'s validator to finish", 2*time.Minute, func() (bool, error) {
 					var err error
-					p, err = pods.Get(ctx, name, metav1.GetOptions{})
-					return err == nil && initExit(p, "detour-validator") >= 0, err
+					if p, err = pods.Get(ctx, name, metav1.GetOptions{}); err != nil {
+						return false, err
+					}
+					return initExit(p, "detour-validator") >= 0, seen("pod phase %s, init containers %+v", p.Status.Phase, p.Status.InitContainerStatuses)
 				})
 				res.pods++
 				if initExit(p, "detour-validator") != 0 {

@@ -6,12 +6,15 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -72,7 +75,10 @@ type Node struct {
 	cgroup string
 	holder *holderClient
 	pki    *pki
-	pids   map[string]int
+
+	mu sync.Mutex
+	// pids are the running components' processes; a component stopped on purpose is not here.
+	pids map[string]int
 }
 
 // Start brings a node up; Stop tears it down. Nothing it does outlives Stop on the host: its
@@ -192,7 +198,9 @@ func (n *Node) StartComponent(ctx context.Context, name string) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
+	n.mu.Lock()
 	n.pids[name] = pid
+	n.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
 	defer cancel()
 	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
@@ -214,20 +222,94 @@ const containerdBooted, containerdStarting = "containerd successfully booted", `
 
 // StopComponent stops one of the node's processes (SIGTERM, then SIGKILL after 10 s).
 func (n *Node) StopComponent(name string) error {
+	n.mu.Lock()
 	pid, ok := n.pids[name]
+	delete(n.pids, name)
+	n.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("%s is not running", name)
 	}
-	delete(n.pids, name)
 	return n.holder.stop(pid, 10*time.Second)
 }
 
-// RestartComponent stops and starts one of the node's processes.
+// RestartComponent stops and starts one of the node's processes; it is started even when it
+// could not be stopped (it was not running).
 func (n *Node) RestartComponent(ctx context.Context, name string) error {
-	if err := n.StopComponent(name); err != nil {
-		return err
+	return errors.Join(n.StopComponent(name), n.StartComponent(ctx, name))
+}
+
+// pid returns the process of a running component.
+func (n *Node) pid(name string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pids[name]
+}
+
+// exited returns the exit code of a component that was started and has exited since without
+// being stopped.
+func (n *Node) exited(name string) (code int, ok bool) {
+	pid := n.pid(name)
+	if pid == 0 {
+		return 0, false
 	}
-	return n.StartComponent(ctx, name)
+	exited, code, err := n.holder.wait(pid, 0)
+	// Still its process (not stopped on purpose meanwhile)?
+	return code, err == nil && exited && n.pid(name) == pid
+}
+
+// EnsureRunning starts, in order, each of the components that is not running — stopped, or
+// exited — trying up to three times each: what a fault stopped comes back whichever of its
+// steps failed.
+func (n *Node) EnsureRunning(ctx context.Context, names ...string) error {
+	var errs []error
+	for _, name := range names {
+		if _, dead := n.exited(name); !dead && n.pid(name) != 0 {
+			continue
+		}
+		n.StopComponent(name) // forget an exited process
+		var err error
+		for attempt := range 3 {
+			if err = n.StartComponent(ctx, name); err == nil || ctx.Err() != nil {
+				break
+			}
+			n.StopComponent(name)
+			sleepCtx(ctx, time.Duration(attempt+1)*2*time.Second)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("start %s again: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Watch returns a context that ends, with the reason as its cause, when a component of the
+// node exits without being stopped: every wait on that context then ends at once and says
+// why, instead of waiting out its timeout on a dead node.
+func (n *Node) Watch(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			n.mu.Lock()
+			names := slices.Collect(maps.Keys(n.pids))
+			n.mu.Unlock()
+			slices.Sort(names)
+			for _, name := range names {
+				if code, ok := n.exited(name); ok {
+					cancel(fmt.Errorf("node component %s exited with code %d; its log %s ends with:\n%s",
+						name, code, n.logPath(name), tail(n.Log(name), 20)))
+					return
+				}
+			}
+		}
+	}()
+	return ctx, func() { cancel(context.Canceled) }
 }
 
 // ready reports whether component name answers.
@@ -371,6 +453,25 @@ func (n *Node) Dial(ctx context.Context, network, addr string) (net.Conn, error)
 	return netnsDialer{n.holder.netns()}.DialContext(ctx, network, addr)
 }
 
+// Greeting connects to addr from the node's network namespace and returns what the server
+// there says first (the workload's serve names the connection's peer).
+func (n *Node) Greeting(ctx context.Context, addr string) (string, error) {
+	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	conn, err := n.Dial(dctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 512)
+	got, err := conn.Read(buf)
+	if got == 0 {
+		return "", fmt.Errorf("no greeting from %s: %w", addr, err)
+	}
+	return string(buf[:got]), nil
+}
+
 func (n *Node) bin(name string) string { return filepath.Join(n.BinDir, name) }
 
 func (n *Node) ctr(args ...string) []string {
@@ -387,4 +488,17 @@ func tail(s string, lines int) string {
 		l = l[len(l)-lines:]
 	}
 	return strings.Join(l, "\n")
+}
+
+// sleepCtx sleeps for d and reports whether ctx is still live.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
 }

@@ -65,9 +65,11 @@ func (f faultRecord) String() string {
 	return s
 }
 
-// inject runs one fault to its end and records it; a fault that cannot be injected fails the
-// test (the soak would prove less than it says).
-func (s *soak) inject(ctx context.Context, kind faultKind) {
+// inject runs one fault to its end and records it. A fault that fails — it could not be
+// injected, or the node did not recover — has restored what it stopped and returns its error,
+// which ends the soak (it would prove less than it says, or wait on a node that cannot
+// recover).
+func (s *soak) inject(ctx context.Context, kind faultKind) error {
 	rec := faultRecord{kind: kind, start: time.Now()}
 	s.logf("fault %s: begins", kind)
 	s.mu.Lock()
@@ -100,7 +102,16 @@ func (s *soak) inject(ctx context.Context, kind faultKind) {
 	s.mu.Unlock()
 	s.logf("fault %s: over after %s: %s", kind, rec.end.Sub(rec.start).Round(100*time.Millisecond), rec.detail)
 	if err != nil {
-		s.t.Errorf("fault %s: %v", kind, err)
+		return fmt.Errorf("fault %s (began %s): %w", kind, rec.start.UTC().Format("15:04:05.000"), err)
+	}
+	return nil
+}
+
+// logFaults logs every fault injected so far; s.mu is held.
+func (s *soak) logFaults() {
+	s.t.Logf("soak faults:")
+	for _, f := range s.faults {
+		s.t.Logf("  %s", f)
 	}
 }
 
@@ -175,8 +186,11 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced 
 	var victim corev1.Pod
 	err := poll(ctx, 2*time.Minute, func() (bool, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
-		if err != nil || len(list.Items) == 0 {
+		if err != nil {
 			return false, err
+		}
+		if len(list.Items) == 0 {
+			return false, seen("no pod %s", selector)
 		}
 		slices.SortFunc(list.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 		victim = list.Items[s.rng.IntN(len(list.Items))]
@@ -209,7 +223,7 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced 
 		if !present && gone == 0 {
 			gone = time.Since(start)
 		}
-		return ready >= want, nil
+		return ready >= want, seen("%d of %d pods %s ready, the deleted one still there: %v", ready, want, selector, present)
 	})
 	if err != nil {
 		return "", fmt.Errorf("deleted pod %s; its replacement is not ready: %w", victim.Name, err)
@@ -288,7 +302,10 @@ func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
 		}
 		err := poll(ctx, time.Minute, func() (bool, error) {
 			served, err := s.servedCertificate(ctx, p.Status.PodIP+":9443")
-			return err == nil && bytes.Equal(served, der), err
+			if err != nil {
+				return false, err
+			}
+			return bytes.Equal(served, der), seen("the old certificate")
 		})
 		if err != nil {
 			return "", fmt.Errorf("webhook pod %s does not serve the new certificate: %w", p.Name, err)
@@ -366,80 +383,35 @@ func rewritePrimary(path string, i int, base, changed string) error {
 	return os.WriteFile(path, []byte(content), 0o644)
 }
 
-// reboot plays a node reboot: the kubelet and containerd stop; every pod's process and
-// containerd's shims are killed; what lives on tmpfs on a real node — containerd's state
-// (the pods' network namespaces among it), runc's state, /run, the kubelet's tmpfs volumes —
-// is unmounted and removed, so the pods' network namespaces are gone; the primary CNI writes
-// its conflist again, as at boot, before anything of detour's runs; containerd and the kubelet
-// start and the kubelet restarts the node's pods in new sandboxes. Disk stays: containerd's
-// root (its metadata), the kubelet's directory, /etc/cni/net.d (detour's drop-in) and
-// /opt/cni/bin, host-local's allocations.
+// reboot reboots the node (see [Node.Reboot]) and waits until detour runs again: the agent
+// and both webhook replicas ready, in containers started after the reboot (until the kubelet
+// has synced a pod, its status still shows the containers that were killed).
 func (s *soak) reboot(ctx context.Context) (string, error) {
 	n := s.e.node
 	start := time.Now()
-	for _, c := range []string{"kubelet", "containerd"} {
-		if err := n.StopComponent(c); err != nil {
-			return "", fmt.Errorf("stop %s: %w", c, err)
-		}
-	}
-	killed, err := killPods(n.cgroup)
+	detail, err := n.Reboot(ctx)
 	if err != nil {
-		return "", err
+		return detail, err
 	}
-	state := filepath.Join(n.Dir, "containerd", "state")
-	runc := filepath.Join(n.Dir, "containerd", "runc")
-	volumes := filepath.Join(n.Dir, "kubelet", "pods")
-	mounts, err := n.mountsUnder(state, runc, volumes, "/run/")
-	if err != nil {
-		return "", err
-	}
-	// One at a time, deepest first: a lazy unmount of a parent takes its children along.
-	for _, m := range mounts {
-		n.Run(ctx, "umount", "-l", m)
-	}
-	if left, err := n.mountsUnder(state, runc, volumes, "/run/"); err != nil || len(left) > 0 {
-		return "", fmt.Errorf("mounts left after unmounting %d: %v (%v)", len(mounts), left, err)
-	}
-	runDir := filepath.Join(n.Dir, "root", "run")
-	entries, _ := os.ReadDir(runDir)
-	for _, dir := range []string{state, runc} {
-		if err := os.RemoveAll(dir); err != nil {
-			return "", err
-		}
-	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(runDir, e.Name())); err != nil {
-			return "", err
-		}
-	}
-	if err := n.WritePrimaryConfig(); err != nil {
-		return "", err
-	}
-	for _, c := range []string{"containerd", "kubelet"} {
-		if err := n.StartComponent(ctx, c); err != nil {
-			return "", err
-		}
-	}
-	// Recovered once detour runs again: the agent and both webhook replicas ready, in
-	// containers started after the reboot (until the kubelet has synced a pod, its status
-	// still shows the containers that were killed).
 	err = poll(ctx, 8*time.Minute, func() (bool, error) {
 		pods, err := n.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
-		ready := 0
+		var ready, waiting []string
 		for _, p := range pods.Items {
 			if p.DeletionTimestamp == nil && podReady(&p) && startedAfter(&p, start) {
-				ready++
+				ready = append(ready, p.Name)
+			} else {
+				waiting = append(waiting, p.Name)
 			}
 		}
-		return ready >= 3, nil
+		return len(ready) >= 3, seen("ready since the reboot: %v; not yet: %v", ready, waiting)
 	})
 	if err != nil {
-		return "", fmt.Errorf("detour's pods are not ready after the reboot: %w", err)
+		return detail, fmt.Errorf("detour's pods are not ready after the reboot: %w", err)
 	}
-	return fmt.Sprintf("killed %d processes, removed containerd's and runc's state and /run; detour ready again", killed), nil
+	return detail + "; detour ready again", nil
 }
 
 // startedAfter reports whether every container of p runs and started after t.
@@ -450,57 +422,4 @@ func startedAfter(p *corev1.Pod, t time.Time) bool {
 		}
 	}
 	return len(p.Status.ContainerStatuses) > 0
-}
-
-// killPods kills every process of the node's pods (the kubepods cgroup tree) and containerd's
-// shims, until none is left.
-func killPods(cgroup string) (int, error) {
-	killed := map[int]bool{}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		var victims []int
-		for _, pid := range cgroupPIDs(cgroup) {
-			cg := readFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-			cmd := strings.Split(readFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
-			if strings.Contains(cg, "/"+cgroup+"/kubepods") || filepath.Base(cmd[0]) == "containerd-shim-runc-v2" {
-				victims = append(victims, pid)
-			}
-		}
-		if len(victims) == 0 {
-			return len(killed), nil
-		}
-		if time.Now().After(deadline) {
-			return len(killed), fmt.Errorf("processes %v of the node's pods still run after SIGKILL", victims)
-		}
-		for _, pid := range victims {
-			syscall.Kill(pid, syscall.SIGKILL)
-			killed[pid] = true
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// mountsUnder returns the mount points in the node's mount namespace under any of prefixes,
-// deepest first.
-func (n *Node) mountsUnder(prefixes ...string) ([]string, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", n.holder.pid))
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for line := range strings.SplitSeq(string(data), "\n") {
-		fields := strings.Fields(line)
-		if len(fields) < 5 {
-			continue
-		}
-		mp := strings.ReplaceAll(fields[4], `\040`, " ")
-		for _, p := range prefixes {
-			if strings.HasPrefix(mp, strings.TrimSuffix(p, "/")+"/") {
-				out = append(out, mp)
-				break
-			}
-		}
-	}
-	slices.SortStableFunc(out, func(a, b string) int { return strings.Count(b, "/") - strings.Count(a, "/") })
-	return out, nil
 }

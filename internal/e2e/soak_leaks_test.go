@@ -51,8 +51,10 @@ func (e *env) waitNoLeaks(t testing.TB, ctx context.Context) leakReport {
 	var last leakReport
 	poll(ctx, 2*time.Minute, func() (bool, error) {
 		var err error
-		last, err = e.leaks(ctx)
-		return err == nil && last.total() == 0, err
+		if last, err = e.leaks(ctx); err != nil {
+			return false, err
+		}
+		return last.total() == 0, seen("%+v", last)
 	})
 	return last
 }

@@ -186,8 +186,9 @@ func (s *soak) logf(format string, args ...any) {
 	s.t.Logf("soak %s (+%s): %s", time.Now().UTC().Format("15:04:05.000"), time.Since(s.start).Round(time.Second), fmt.Sprintf(format, args...))
 }
 
-// run runs both phases, with the capture checker and the resource sampler alongside.
-func (s *soak) run(ctx context.Context) {
+// run runs both phases, with the capture checker and the resource sampler alongside. It
+// stops at the first fault that failed and returns its error.
+func (s *soak) run(ctx context.Context) error {
 	s.start = time.Now()
 	for _, ns := range []string{"soak-fail", "soak-ignore"} {
 		s.e.namespace(s.t, ctx, ns, true)
@@ -207,21 +208,24 @@ func (s *soak) run(ctx context.Context) {
 	workers.Add(1)
 	go func() { defer workers.Done(); s.resources.run(watchCtx, 5*time.Second) }()
 
+	defer func() { stopWatch(); workers.Wait() }()
 	phases := s.phases()
 	for _, p := range phases {
-		s.runPhase(ctx, p, s.cfg.duration/time.Duration(len(phases)))
+		if err := s.runPhase(ctx, p, s.cfg.duration/time.Duration(len(phases))); err != nil {
+			return err
+		}
 		if ctx.Err() != nil {
-			break
+			return fmt.Errorf("the soak ended in phase %s: %w", p.name, context.Cause(ctx))
 		}
 	}
 	s.settle(ctx, "soak-fail", "soak-ignore")
-	stopWatch()
-	workers.Wait()
+	return nil
 }
 
 // runPhase sets the webhook's failurePolicy, then runs the workload and the phase's faults
-// for d; the faults come at seeded random moments, one slot each.
-func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) {
+// for d; the faults come at seeded random moments, one slot each. A fault that fails ends the
+// phase at once with its error.
+func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) error {
 	s.setFailurePolicy(ctx, p.policy)
 	s.logf("phase %s: failurePolicy %s, namespace %s, faults %v", p.name, p.policy, p.ns, p.faults)
 	phaseStart := time.Now()
@@ -252,7 +256,11 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) {
 		if !sleepCtx(ctx, time.Until(at)) {
 			break
 		}
-		s.inject(ctx, kind)
+		if err := s.inject(ctx, kind); err != nil {
+			stopWorkload()
+			wg.Wait()
+			return err
+		}
 	}
 	sleepCtx(ctx, time.Until(phaseStart.Add(d)))
 	stopWorkload()
@@ -263,6 +271,7 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) {
 	for _, dep := range []string{"wave-a", "wave-b"} {
 		s.scale(ctx, p.ns, dep, 0)
 	}
+	return nil
 }
 
 // setFailurePolicy sets the failurePolicy of every webhook of the configuration detour, as
@@ -282,18 +291,6 @@ func (s *soak) setFailurePolicy(ctx context.Context, policy admissionregistratio
 	})
 	if err != nil {
 		s.t.Fatalf("set the webhook's failurePolicy to %s: %v", policy, err)
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	if d <= 0 {
-		return ctx.Err() == nil
-	}
-	select {
-	case <-ctx.Done():
-		return false
-	case <-time.After(d):
-		return true
 	}
 }
 
@@ -739,20 +736,7 @@ func (s *soak) checkCapture(ctx context.Context, item checkItem) string {
 
 // inbound connects from the node to the app's port and returns its greeting.
 func (s *soak) inbound(ctx context.Context, ip string) (string, error) {
-	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	conn, err := s.e.node.Dial(dctx, "tcp", ip+":8080")
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	buf := make([]byte, 512)
-	n, err := conn.Read(buf)
-	if n == 0 {
-		return "", fmt.Errorf("no greeting from %s:8080: %w", ip, err)
-	}
-	return string(buf[:n]), nil
+	return s.e.node.Greeting(ctx, ip+":8080")
 }
 
 // finish runs `detour check --cluster` while the pods admitted uninjected still exist, deletes
@@ -794,7 +778,10 @@ func (s *soak) finish(ctx context.Context) {
 	waitFor(t, ctx, "the soak's namespaces to be deleted", 8*time.Minute, func() (bool, error) {
 		for _, ns := range []string{"soak-fail", "soak-ignore"} {
 			if _, err := s.e.node.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				return false, err
+				if err != nil {
+					return false, err
+				}
+				return false, seen("namespace %s still there", ns)
 			}
 		}
 		return true, nil
@@ -878,10 +865,7 @@ func (s *soak) finish(ctx context.Context) {
 	for _, r := range s.resources.rows() {
 		rows = append(rows, [3]string{r[0], r[1], "goal ≤ 10%"})
 	}
-	t.Logf("soak faults:")
-	for _, f := range s.faults {
-		t.Logf("  %s", f)
-	}
+	s.logFaults()
 	t.Logf("soak table:")
 	for _, r := range rows {
 		t.Logf("  | %s | %s | %s |", r[0], r[1], r[2])

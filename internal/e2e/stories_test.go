@@ -30,7 +30,7 @@ import (
 // story is a subtest; a later one relies on what the earlier ones installed.
 func TestE2E(t *testing.T) {
 	e := setUp(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := testContext(t, e.node, 25*time.Minute)
 	defer cancel()
 	stories := []struct {
 		name string
@@ -82,7 +82,7 @@ func TestSoak(t *testing.T) {
 	cfg := soakConfigFromEnv(t)
 	// Beyond the duration: the faults' recovery, each phase's settling (up to 10 minutes),
 	// the checks at the end. On a machine shared with other runs all of them stretch.
-	ctx, cancel := context.WithTimeout(context.Background(), cfg.duration+50*time.Minute)
+	ctx, cancel := testContext(t, e.node, cfg.duration+50*time.Minute)
 	defer cancel()
 	// After TestE2E, `kubectl delete -f install.yaml` may still be deleting detour's namespace.
 	waitFor(t, ctx, "namespace "+detourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {
@@ -90,7 +90,10 @@ func TestSoak(t *testing.T) {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
-		return err == nil && ns.DeletionTimestamp == nil, err
+		if err != nil {
+			return false, err
+		}
+		return ns.DeletionTimestamp == nil, seen("namespace %s: %s since %s", ns.Name, ns.Status.Phase, ns.DeletionTimestamp)
 	})
 	values, config := "webhook: {replicas: 2}\n", e.dropInPath()
 	if cfg.configMode == "chained-entry" {
@@ -106,7 +109,13 @@ func TestSoak(t *testing.T) {
 	}
 
 	s := newSoak(t, e, cfg)
-	s.run(ctx)
+	if err := s.run(ctx); err != nil {
+		// A fault that failed: what follows would wait on a node that cannot recover.
+		s.mu.Lock()
+		s.logFaults()
+		s.mu.Unlock()
+		t.Fatal(err)
+	}
 	s.finish(ctx)
 }
 
@@ -130,15 +139,18 @@ func seed000Startup(t *testing.T, ctx context.Context, e *env) {
 	}
 	waitFor(t, ctx, "the scheduler to hold web's pods back for the startup taint", time.Minute, func() (bool, error) {
 		pods, err := e.pods(ctx, "shop", "app=web")
-		if err != nil || len(pods) != 2 {
+		if err != nil {
 			return false, err
+		}
+		if len(pods) != 2 {
+			return false, seen("%d pods of web", len(pods))
 		}
 		for _, p := range pods {
 			if p.Spec.NodeName != "" {
 				return false, fmt.Errorf("pod %s was scheduled onto %s while the node was tainted", p.Name, p.Spec.NodeName)
 			}
 			if !unschedulableForTaint(&p) {
-				return false, nil
+				return false, seen("pod %s: conditions %+v", p.Name, p.Status.Conditions)
 			}
 		}
 		return true, nil
@@ -150,7 +162,7 @@ func seed000Startup(t *testing.T, ctx context.Context, e *env) {
 		if err != nil {
 			return false, err
 		}
-		return !hasStartupTaint(node) && node.Labels[annotations.CNIReadyLabel] == "true", nil
+		return !hasStartupTaint(node) && node.Labels[annotations.CNIReadyLabel] == "true", seen("taints %v, labels %v", node.Spec.Taints, node.Labels)
 	})
 	pods := e.waitReady(t, ctx, "shop", "app=web", 2)
 	for _, p := range pods {
@@ -264,7 +276,7 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
 		if j.Status.Failed > 0 {
 			return false, fmt.Errorf("job failed:\n%s", e.describe(ctx, "batch"))
 		}
-		return j.Status.Succeeded == 1, nil
+		return j.Status.Succeeded == 1, seen("job status %+v; pods:\n%s", j.Status, e.describe(ctx, "batch"))
 	})
 	pods, err := e.pods(ctx, "batch", "batch.kubernetes.io/job-name=report")
 	if err != nil || len(pods) != 1 {
@@ -287,7 +299,7 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
 // seed002NoNsenter: the runtime runs every plugin with a PATH that holds no nsenter and
 // nothing else of util-linux, and the stories above ran on it.
 func seed002NoNsenter(t *testing.T, ctx context.Context, e *env) {
-	pid := e.node.pids["containerd"]
+	pid := e.node.pid("containerd")
 	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -474,7 +486,7 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 				failed[p.Name] = string(p.UID)
 			}
 		}
-		return len(failed) == 2, nil
+		return len(failed) == 2, seen("validators failed with 42: %v; pods:\n%s", failed, e.describe(ctx, "late"))
 	})
 
 	// `detour check --cluster` sees the broken node: no agent, two failed validators.
@@ -504,7 +516,7 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 			return false, fmt.Errorf("the bare pod was replaced")
 		}
 		_, ok := p.Annotations[repair.RecreateAnnotation]
-		return ok, nil
+		return ok, seen("the bare pod's annotations %v", p.Annotations)
 	})
 }
 
@@ -642,12 +654,15 @@ func (e *env) waitReady(t testing.TB, ctx context.Context, ns, selector string, 
 			return false, err
 		}
 		ready = ready[:0]
+		var waiting []string
 		for _, p := range pods {
 			if p.DeletionTimestamp == nil && podReady(&p) {
 				ready = append(ready, p)
+			} else {
+				waiting = append(waiting, p.Name)
 			}
 		}
-		return len(ready) == n, nil
+		return len(ready) == n, seen("%d ready, not ready: %v", len(ready), waiting)
 	})
 	if err != nil {
 		t.Fatalf("waiting for %d ready pods %q in %s: %v\n%s", n, selector, ns, err, e.describe(ctx, ns))
@@ -688,9 +703,9 @@ func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 		defer conn.Close()
 		buf := make([]byte, 512)
 		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, _ := conn.Read(buf)
+		n, err := conn.Read(buf)
 		reply = string(buf[:n])
-		return reply != "", nil
+		return reply != "", seen("no reply: %v", err)
 	})
 	if err != nil {
 		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
@@ -732,11 +747,6 @@ func (e *env) pluginLog(t testing.TB, command, decision string) []pluginEntry {
 		}
 	}
 	return out
-}
-
-func readFile(p string) string {
-	data, _ := os.ReadFile(p)
-	return string(data)
 }
 
 // demoDeployment is testdata/workloads/demo.yaml with its busybox commands played by the

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -180,10 +181,14 @@ func (e *env) setAgent(t testing.TB, ctx context.Context, present bool) {
 		if err != nil {
 			return false, err
 		}
-		if !present {
-			return len(pods.Items) == 0, nil
+		var states []string
+		for _, p := range pods.Items {
+			states = append(states, fmt.Sprintf("%s %s ready=%v", p.Name, p.Status.Phase, podReady(&p)))
 		}
-		return len(pods.Items) == 1 && podReady(&pods.Items[0]), nil
+		if !present {
+			return len(pods.Items) == 0, seen("agent pods %v", states)
+		}
+		return len(pods.Items) == 1 && podReady(&pods.Items[0]), seen("agent pods %v", states)
 	})
 }
 
@@ -203,7 +208,8 @@ func (e *env) namespace(t testing.TB, ctx context.Context, ns string, inject boo
 	}
 }
 
-// waitFor polls cond until it holds; on timeout the test fails naming what.
+// waitFor polls cond until it holds; on timeout the test fails naming what, and what cond
+// saw last.
 func waitFor(t testing.TB, ctx context.Context, what string, timeout time.Duration, cond func() (bool, error)) {
 	t.Helper()
 	if err := poll(ctx, timeout, cond); err != nil {
@@ -211,23 +217,70 @@ func waitFor(t testing.TB, ctx context.Context, what string, timeout time.Durati
 	}
 }
 
-// poll runs cond every 250 ms until it holds or timeout passes; cond's errors are retried,
-// and the last one is part of the timeout's error.
+// progress is what a condition saw while it does not hold yet (see [seen]).
+type progress struct{ msg string }
+
+func (p progress) Error() string { return p.msg }
+
+// seen describes what a condition saw, for the message of a wait that times out: a condition
+// returns (done, seen(...)). Unlike its other errors, which make poll retry, it does not stop a
+// condition that holds from ending the wait.
+func seen(format string, args ...any) error { return progress{fmt.Sprintf(format, args...)} }
+
+// poll runs cond every 250 ms until it holds, timeout passes or ctx ends (the test's deadline,
+// or a node component that died: see [Node.Watch]). cond's errors are retried; the last one, or
+// the last thing cond said it saw, is part of the error.
 func poll(ctx context.Context, timeout time.Duration, cond func() (bool, error)) error {
 	var last error
+	start := time.Now()
 	err := wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		ok, err := cond()
+		var p progress
+		if errors.As(err, &p) {
+			last = err
+			return ok, nil
+		}
 		if err != nil {
 			last = err
 			return false, nil
 		}
 		return ok, nil
 	})
-	if err != nil && last != nil {
-		return fmt.Errorf("%w (last error: %v)", err, last)
+	if err == nil {
+		return nil
 	}
-	return err
+	msg := fmt.Sprintf("not within %s", timeout)
+	if ctx.Err() != nil {
+		msg = fmt.Sprintf("gave up after %s: %v", time.Since(start).Round(time.Second), context.Cause(ctx))
+	}
+	if last != nil {
+		msg += "; last seen: " + last.Error()
+	}
+	return errors.New(msg)
 }
+
+// testContext returns the context a long test runs in: want from now, but ending cleanup
+// before go test's -timeout would (a test that reaches go test's timeout ends in a goroutine
+// dump, not with what it waited for), and watching node n, if any (see [Node.Watch]).
+func testContext(t testing.TB, n *Node, want time.Duration) (context.Context, context.CancelFunc) {
+	deadline := time.Now().Add(want)
+	cause := fmt.Errorf("the test's own limit of %s passed", want)
+	if d, ok := t.(interface{ Deadline() (time.Time, bool) }); ok {
+		if gotest, ok := d.Deadline(); ok && gotest.Add(-cleanupMargin).Before(deadline) {
+			deadline = gotest.Add(-cleanupMargin)
+			cause = fmt.Errorf("go test's -timeout ends at %s; the test stops %s before, to clean up and report", gotest.Format(time.TimeOnly), cleanupMargin)
+		}
+	}
+	ctx, cancelDeadline := context.WithDeadlineCause(context.Background(), deadline, cause)
+	if n == nil {
+		return ctx, cancelDeadline
+	}
+	ctx, cancelWatch := n.Watch(ctx)
+	return ctx, func() { cancelWatch(); cancelDeadline() }
+}
+
+// cleanupMargin is the time a test keeps, before go test's -timeout, to report and to stop the node.
+const cleanupMargin = 3 * time.Minute
 
 func podReady(p *corev1.Pod) bool {
 	for _, c := range p.Status.Conditions {

@@ -6,11 +6,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/detourmesh/detour/internal/e2e/preflight"
 	"github.com/detourmesh/detour/internal/testenv"
 )
 
@@ -20,16 +22,26 @@ var nodeBinaries = []string{
 	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "helm",
 }
 
-// requireNode skips (or, in CI, fails) the test when a node cannot run here, and returns
-// the binaries' directory.
+// requireNode skips (or, in CI, fails) the test when a node cannot run here, saying every
+// reason at once (see package preflight), and returns the binaries' directory.
 func requireNode(t testing.TB) string {
 	t.Helper()
 	testenv.Privileged(t)
-	for _, b := range nodeBinaries {
-		testenv.Binary(t, b)
+	preflightOnce.Do(func() {
+		preflightErr = preflight.Err(preflight.Check(preflight.Options{
+			RunDir: os.Getenv("DETOUR_E2E_DIR"), BinDir: testenv.BinDir(), Binaries: nodeBinaries,
+		}))
+	})
+	if preflightErr != nil {
+		testenv.Unavailable(t, preflightErr.Error())
 	}
 	return testenv.BinDir()
 }
+
+var (
+	preflightOnce sync.Once
+	preflightErr  error
+)
 
 // TestIntegrationNodeLeavesNothing starts a bare node (no images, no pods), checks that it
 // registers and is Ready, stops it, and checks that nothing of it is left on the host.

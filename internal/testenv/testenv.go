@@ -40,8 +40,8 @@ func Main(m *testing.M) {
 // Required reports whether privileged tests must run here (CI).
 func Required() bool { return os.Getenv(RequireEnv) == "1" }
 
-// unavailable skips the test with reason, or fails it when privileged tests are required.
-func unavailable(t testing.TB, reason string) {
+// Unavailable skips the test with reason, or fails it when privileged tests are required.
+func Unavailable(t testing.TB, reason string) {
 	t.Helper()
 	if Required() {
 		t.Fatalf("privileged test cannot run: %s (%s=1 makes this a failure)", reason, RequireEnv)
@@ -54,12 +54,12 @@ func unavailable(t testing.TB, reason string) {
 func Privileged(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		unavailable(t, "needs root to create network namespaces and run iptables")
+		Unavailable(t, "needs root to create network namespaces and run iptables")
 		return
 	}
 	for _, tool := range []string{"iptables-legacy-restore", "iptables-nft-restore", "ip6tables-legacy-restore", "ip6tables-nft-restore"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			unavailable(t, fmt.Sprintf("%s is not on PATH (run hack/host-deps.sh as root, or make test)", tool))
+			Unavailable(t, fmt.Sprintf("%s is not on PATH (run hack/host-deps.sh as root, or make test)", tool))
 			return
 		}
 	}
@@ -74,7 +74,7 @@ func Binary(t testing.TB, name string) string {
 	t.Helper()
 	p := filepath.Join(BinDir(), name)
 	if _, err := os.Stat(p); err != nil {
-		unavailable(t, fmt.Sprintf("%s is not built (run hack/test-binaries.sh, or make test)", p))
+		Unavailable(t, fmt.Sprintf("%s is not built (run hack/test-binaries.sh, or make test)", p))
 	}
 	return p
 }

@@ -4,7 +4,8 @@
 # kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI plugins and
 # helm — each from its own Go module (pinned in hack/tools/*/go.mod), and caches them by version
 # under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
-# of them takes about 45 minutes on 2 cores (kube-apiserver and the kubelet 10–15 each).
+# of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
+# beside it).
 #
 # With DETOUR_BINARIES=control-plane only what the integration tests need is built
 # (kube-apiserver, etcd, the CNI plugins, helm).
@@ -62,22 +63,50 @@ build() {
 	ln -sfn "$name-$version" "$bin/$name"
 }
 
+# build_kubernetes NAME... builds the Kubernetes commands NAME of version $kube that are not
+# cached yet in one go build: they share most of their packages, and go links one while it
+# compiles another's.
+build_kubernetes() {
+	local missing=() pkgs=() name
+	for name in "$@"; do
+		[ -x "$bin/$name-$kube" ] || { missing+=("$name"); pkgs+=("k8s.io/kubernetes/cmd/$name"); }
+	done
+	if [ ${#missing[@]} -gt 0 ]; then
+		echo "test-binaries: building ${missing[*]} $kube from k8s.io/kubernetes (cached afterwards in $bin)" >&2
+		local start=$SECONDS out
+		out=$(mktemp -d "$bin/.kubernetes.XXXXXX")
+		(cd "$root/hack/tools/kubernetes" && go build -trimpath -ldflags "-s -w $kubeversion" -o "$out/" "${pkgs[@]}") ||
+			{ rm -rf "$out"; return 1; }
+		for name in "${missing[@]}"; do mv -f "$out/$name" "$bin/$name-$kube"; done
+		rm -rf "$out"
+		echo "test-binaries: built ${missing[*]} in $((SECONDS - start))s" >&2
+	fi
+	for name in "$@"; do ln -sfn "$name-$kube" "$bin/$name"; done
+}
+
 minor=${kube#v1.}
 minor=${minor%%.*}
 cb=k8s.io/component-base/version
 kubeversion="-X $cb.gitVersion=$kube -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X $cb.gitTreeState=clean"
-build kube-apiserver "$kube" kubernetes k8s.io/kubernetes/cmd/kube-apiserver "$kubeversion"
+kubernetes=(kube-apiserver)
+if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
+	# The real node (internal/e2e): the rest of Kubernetes, containerd and runc.
+	kubernetes+=(kubelet kube-scheduler kube-controller-manager kubectl)
+fi
+
+# Two lanes at once: Kubernetes, the longest build, and everything else. On 2 cores this
+# overlaps one lane's module downloads and links with the other's compiling.
+start=$SECONDS
+build_kubernetes "${kubernetes[@]}" &
+lane=$!
+# If the other lane fails, the Kubernetes build still ends (and is cached) before the script.
+trap 'wait' EXIT
 build etcd "$etcd" etcd go.etcd.io/etcd/server/v3
 for p in main/bridge main/loopback ipam/host-local; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
 build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
-
 if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
-	# The real node (internal/e2e): the rest of Kubernetes, containerd and runc.
-	for c in kubelet kube-scheduler kube-controller-manager kubectl; do
-		build "$c" "$kube" kubernetes "k8s.io/kubernetes/cmd/$c" "$kubeversion"
-	done
 	ctrd=github.com/containerd/containerd/v2
 	for c in containerd ctr containerd-shim-runc-v2; do
 		TAGS=no_btrfs build "$c" "$containerd" containerd "$ctrd/cmd/$c" "-X $ctrd/version.Version=$containerd"
@@ -86,5 +115,9 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	# the RuntimeDefault profile on every sandbox, and a runc without seccomp fails them all.
 	CGO_ENABLED=1 TAGS="seccomp urfave_cli_no_docs" build runc "$runc" runc github.com/opencontainers/runc \
 		"-X main.version=${runc#v} -X main.gitCommit=$runc"
+fi
+wait "$lane" || { echo "test-binaries: building Kubernetes failed" >&2; exit 1; }
+if [ $((SECONDS - start)) -gt 5 ]; then
+	echo "test-binaries: all built in $((SECONDS - start))s" >&2
 fi
 echo "$bin"

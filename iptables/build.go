@@ -115,10 +115,19 @@ func Build(c Config) (Ruleset, error) {
 	}
 	add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
 
-	// Outbound: the proxy and the exempt identities go out directly, as does anything to
-	// loopback, a skipped network or a skipped port; everything else goes to the proxy. The
-	// validator's probe goes to the proxy's port before any skip list is consulted: a skip list
-	// that covers it (port 80, 0.0.0.0/0) must not make the validator fail for ever.
+	// Outbound: the validator's probe goes to the proxy's port first — before any skip list (a
+	// skip list that covers it, port 80 or 0.0.0.0/0, must not make the validator fail for
+	// ever) and before the proxy's own exemption (the check folded into the proxy's start runs
+	// as the proxy's UID; nothing else dials the sentinel, an address no network routes). Then
+	// the proxy and the exempt identities go out directly, as does anything to loopback, a
+	// skipped network or a skipped port; everything else goes to the proxy.
+	for _, s := range c.Sentinels {
+		if s.Addr().Unmap().Is4() == (c.Family == IPv4) {
+			dst := netip.PrefixFrom(s.Addr().Unmap(), s.Addr().Unmap().BitLen())
+			add(OutboundChain, "-d "+dst.String()+" -p tcp -m multiport --dports "+strconv.Itoa(int(s.Port()))+
+				comment("validator-sentinel")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
+		}
+	}
 	add(OutboundChain, "-m owner --uid-owner "+id(c.ProxyUID)+comment("proxy-uid")+" -j RETURN")
 	for _, uid := range c.ExemptUIDs {
 		add(OutboundChain, "-m owner --uid-owner "+id(uid)+comment("exempt-uid")+" -j RETURN")
@@ -127,13 +136,6 @@ func Build(c Config) (Ruleset, error) {
 		add(OutboundChain, "-m owner --gid-owner "+id(gid)+comment("exempt-gid")+" -j RETURN")
 	}
 	add(OutboundChain, "-o lo"+comment("loopback")+" -j RETURN")
-	for _, s := range c.Sentinels {
-		if s.Addr().Unmap().Is4() == (c.Family == IPv4) {
-			dst := netip.PrefixFrom(s.Addr().Unmap(), s.Addr().Unmap().BitLen())
-			add(OutboundChain, "-d "+dst.String()+" -p tcp -m multiport --dports "+strconv.Itoa(int(s.Port()))+
-				comment("validator-sentinel")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
-		}
-	}
 	for _, p := range c.SkipOutboundCIDRs {
 		if p.Addr().Is4() == (c.Family == IPv4) {
 			add(OutboundChain, strings.TrimPrefix(destination(p)+comment("skip-outbound-cidr")+" -j RETURN", " "))

@@ -66,12 +66,23 @@ func newTopology(t *testing.T, f iptables.Family) *topology {
 
 func (tp *topology) ruleset(t *testing.T) iptables.Ruleset {
 	t.Helper()
+	rs, err := iptables.Build(tp.config(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// config is the test pod's redirect: the proxy, a skipped port and network, an exempt UID and
+// GID, the proxy's admin ports.
+func (tp *topology) config(t *testing.T) iptables.Config {
+	t.Helper()
 	skip := "10.77.0.3/32,fd77::3/128"
 	cidrs, err := annotations.ParseCIDRs("test", skip)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := iptables.Build(iptables.Config{
+	return iptables.Config{
 		Family:            tp.family,
 		ProxyUID:          proxy.UID,
 		InboundPort:       4143,
@@ -81,11 +92,7 @@ func (tp *topology) ruleset(t *testing.T) iptables.Ruleset {
 		SkipOutboundCIDRs: cidrs,
 		ExemptUIDs:        []uint32{exemptUID.UID},
 		ExemptGIDs:        []uint32{exemptGID.GID},
-	})
-	if err != nil {
-		t.Fatal(err)
 	}
-	return rs
 }
 
 // expect dials addr from ns as id and checks who answered (and the destination they report).
@@ -357,5 +364,54 @@ func TestIntegrationSentinelRedirectedWhateverTheSkipLists(t *testing.T) {
 			remote := netip.AddrPortFrom(tp.remoteIP, 8080)
 			expect(t, tp.pod, app, remote, "remote "+remote.String())
 		})
+	}
+}
+
+// The check folded into the proxy's start (issue 21) runs as the proxy's UID: its probe to the
+// sentinel must be redirected, and nothing else of the proxy's own egress may change — it goes
+// out directly to every other destination, skipped ports and networks included, on every
+// backend and family. The app stays captured and the exempt identities go out directly.
+func TestIntegrationProxyProbesTheSentinel(t *testing.T) {
+	testenv.Privileged(t)
+	ctx := context.Background()
+	for _, backend := range []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT, iptables.BackendNFTables} {
+		for _, family := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+			t.Run(string(backend)+"-"+family.String(), func(t *testing.T) {
+				tp := newTopology(t, family)
+				sentinel, network := netip.MustParseAddrPort("203.0.113.254:8080"), netip.MustParsePrefix("203.0.113.0/24")
+				if family == iptables.IPv6 {
+					sentinel, network = netip.MustParseAddrPort("[2001:db8::fe]:8080"), netip.MustParsePrefix("2001:db8::/32")
+				}
+				testenv.AddRoute(t, tp.pod, network, tp.remoteIP)
+				c := tp.config(t)
+				c.Sentinels = []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:8080"), netip.MustParseAddrPort("[2001:db8::fe]:8080")}
+				rs, err := iptables.Build(c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				exec := iptables.NewExecutor(iptables.WithBackend(backend))
+				if err := exec.Apply(ctx, tp.pod.Path, rs); err != nil {
+					t.Fatalf("apply: %v", err)
+				}
+				t.Cleanup(func() { exec.Remove(ctx, tp.pod.Path, family) })
+
+				// The proxy's probe comes back to the proxy's outbound port.
+				expect(t, tp.pod, proxy, sentinel, "outbound "+sentinel.String())
+				// Everything else the proxy dials goes out directly, as before.
+				remote := netip.AddrPortFrom(tp.remoteIP, 8080)
+				smtp := netip.AddrPortFrom(tp.remoteIP, 25)
+				skipped := netip.AddrPortFrom(tp.skippedIP, 8080)
+				local := netip.AddrPortFrom(loopback(family), 8081)
+				for _, to := range []netip.AddrPort{remote, smtp, skipped} {
+					expect(t, tp.pod, proxy, to, "remote "+to.String())
+				}
+				expect(t, tp.pod, proxy, local, "app "+local.String())
+				// The others are as they were.
+				expect(t, tp.pod, app, remote, "outbound "+remote.String())
+				expect(t, tp.pod, app, sentinel, "outbound "+sentinel.String())
+				expect(t, tp.pod, exemptUID, remote, "remote "+remote.String())
+				expect(t, tp.pod, exemptGID, remote, "remote "+remote.String())
+			})
+		}
 	}
 }

@@ -112,6 +112,13 @@ func nftFamilyChains(c Config) (in, out NFTChain) {
 	}
 	add(&in, "redirect-inbound", l4tcp(), redirect(c.InboundPort))
 
+	// The same order as Build's (see there): the sentinels first.
+	for _, s := range c.Sentinels {
+		a := s.Addr().Unmap()
+		if a.Is4() == (c.Family == IPv4) {
+			add(&out, "validator-sentinel", daddr(netip.PrefixFrom(a, a.BitLen())), l4tcp(), dport(s.Port(), s.Port()), redirect(c.OutboundPort))
+		}
+	}
 	add(&out, "proxy-uid", owner(expr.MetaKeySKUID, c.ProxyUID), verdict(expr.VerdictReturn))
 	for _, uid := range c.ExemptUIDs {
 		add(&out, "exempt-uid", owner(expr.MetaKeySKUID, uid), verdict(expr.VerdictReturn))
@@ -122,12 +129,6 @@ func nftFamilyChains(c Config) (in, out NFTChain) {
 		add(&out, "exempt-gid", owner(expr.MetaKeySKGID, gid), verdict(expr.VerdictReturn))
 	}
 	add(&out, "loopback", oifname("lo"), verdict(expr.VerdictReturn))
-	for _, s := range c.Sentinels {
-		a := s.Addr().Unmap()
-		if a.Is4() == (c.Family == IPv4) {
-			add(&out, "validator-sentinel", daddr(netip.PrefixFrom(a, a.BitLen())), l4tcp(), dport(s.Port(), s.Port()), redirect(c.OutboundPort))
-		}
-	}
 	for _, p := range c.SkipOutboundCIDRs {
 		if p.Addr().Is4() == (c.Family == IPv4) {
 			add(&out, "skip-outbound-cidr", daddr(p), verdict(expr.VerdictReturn))

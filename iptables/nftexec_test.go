@@ -47,12 +47,12 @@ func TestNFTDiff(t *testing.T) {
 		}, "chain outbound_ipv6 is missing"},
 		{"missing rule", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "outbound_ipv4")
-			c.Rules = slices.Delete(c.Rules, 2, 3)
+			c.Rules = slices.Delete(c.Rules, 3, 4)
 			return h
-		}, `chain outbound_ipv4 lacks rule 3, "meta skuid 1001 return comment \"detour/exempt-uid\""`},
+		}, `chain outbound_ipv4 lacks rule 4, "meta skuid 1001 return comment \"detour/exempt-uid\""`},
 		{"unexpected rule", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "inbound_ipv6")
-			c.Rules = append(c.Rules, chain(h, "outbound_ipv6").Rules[0])
+			c.Rules = append(c.Rules, chain(h, "outbound_ipv6").Rules[1])
 			return h
 		}, `chain inbound_ipv6 has an unexpected rule 3, "meta skuid 2102 return comment \"detour/proxy-uid\""`},
 		{"out of order", want, func(h NFTRuleset) NFTRuleset {

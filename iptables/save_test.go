@@ -94,7 +94,7 @@ func TestDiff(t *testing.T) {
 		want  string
 	}{
 		{"deleted rule", strings.Replace(saved, exempt+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 3, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`},
+			`chain DETOUR_OUTBOUND lacks rule 4, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`},
 		{"swapped rules", strings.Replace(strings.Replace(saved, exempt+"\n", "", 1), "COMMIT\n# Completed", exempt+"\nCOMMIT\n# Completed", 1),
 			"(rules out of order)"},
 		{"extra rule", strings.Replace(saved, "COMMIT\n# Completed", "-A DETOUR_INBOUND -j RETURN\nCOMMIT\n# Completed", 1),

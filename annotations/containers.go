@@ -7,6 +7,19 @@ const (
 	ValidatorContainer = "detour-validator"
 )
 
+// ValidatorVolume is the image volume that holds detour's image in a pod whose validator check
+// runs in the proxy's start, and ValidatorMountPath where the proxy container mounts it.
+const (
+	ValidatorVolume    = "detour-validator"
+	ValidatorMountPath = "/.detour"
+)
+
+// ImageVolumesLabel is set to "true" by the node agent on a node whose kubelet and container
+// runtime mount image volumes; a pod whose check runs in the proxy's start selects it. It
+// describes the node's software and stays when detour is uninstalled: the kubelet admits
+// running pods again when it restarts, and would reject them without it.
+const ImageVolumesLabel = Prefix + "image-volumes"
+
 // Node readiness, set by the node agent once detour's CNI config is in place.
 const (
 	// CNIReadyLabel is set to "true" on a node whose CNI config includes detour.

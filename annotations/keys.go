@@ -18,6 +18,9 @@ const (
 	SkipOutboundCIDRs = Prefix + "skip-outbound-cidrs"
 	// SidecarMode overrides where the proxy goes: "container" or "native".
 	SidecarMode = Prefix + "sidecar-mode"
+	// ValidatorMode overrides where the validator's check runs: "auto" (the webhook's
+	// decision), "init-container" or "image-volume" (in the proxy's own start).
+	ValidatorMode = Prefix + "validator-mode"
 )
 
 // Keys written by the webhook only. The webhook recomputes them on every admission and
@@ -49,13 +52,18 @@ const (
 	// InitEgressStatus records, for people, what the webhook decided for each init container.
 	// It is informational; the plugin does not read it.
 	InitEgressStatus = Prefix + "init-egress-status"
+	// Validator records where the validator's check runs in the pod: "init-container" (the
+	// detour-validator init container) or "image-volume" (the start of the detour-proxy
+	// container, from detour's image mounted as a volume). The repair controller and detour
+	// check read it to find the check's exit code.
+	Validator = Prefix + "validator"
 )
 
 // WebhookKeys lists every key only the webhook may write, in a fixed order.
 var WebhookKeys = []string{
 	Injected, ProxyUID, ProxyInboundPort, ProxyOutboundPort,
 	RedirectSkipInboundPorts, RedirectSkipOutboundPorts, RedirectSkipOutboundCIDRs,
-	ExemptUIDs, ExemptGIDs, ValidatorSentinels, InitEgressStatus,
+	ExemptUIDs, ExemptGIDs, ValidatorSentinels, InitEgressStatus, Validator,
 }
 
 // RecreateRequired is set by the repair controller on a bare pod whose validator found no
@@ -63,7 +71,7 @@ var WebhookKeys = []string{
 const RecreateRequired = Prefix + "recreate-required"
 
 // userKeys are the keys users write, in the order of docs/annotations.md.
-var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode}
+var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode}
 
 // MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an
 // arbitrarily large ruleset.

@@ -39,6 +39,30 @@ func ParseSidecarMode(value string) (SidecarModeValue, error) {
 	return "", errorf(SidecarMode, value, "use \"container\" or \"native\"")
 }
 
+// ValidatorModeValue is where the validator's check runs: the value of [ValidatorMode] and of
+// [Validator], and the webhook configuration's validator.mode.
+type ValidatorModeValue string
+
+const (
+	// ValidatorAuto: the folded form where the cluster can mount image volumes and the proxy is
+	// a native sidecar, else the init container.
+	ValidatorAuto ValidatorModeValue = "auto"
+	// ValidatorInitContainer: the detour-validator init container, first of the pod's.
+	ValidatorInitContainer ValidatorModeValue = "init-container"
+	// ValidatorImageVolume: the check runs at the start of the detour-proxy container, from
+	// detour's image mounted as an image volume, and then execs the proxy.
+	ValidatorImageVolume ValidatorModeValue = "image-volume"
+)
+
+// ParseValidatorMode parses the value of [ValidatorMode].
+func ParseValidatorMode(value string) (ValidatorModeValue, error) {
+	switch m := ValidatorModeValue(strings.TrimSpace(value)); m {
+	case ValidatorAuto, ValidatorInitContainer, ValidatorImageVolume:
+		return m, nil
+	}
+	return "", errorf(ValidatorMode, value, "use \"auto\", \"init-container\" or \"image-volume\"")
+}
+
 // InitEgressSelection is the parsed value of [InitEgress]: all init containers, none, or the
 // named ones.
 type InitEgressSelection struct {

@@ -100,6 +100,9 @@ type Proxy struct {
 
 // Validator is the template of the injected validator init container.
 type Validator struct {
+	// Mode is where the check runs: in an init container, in the proxy's start (image-volume),
+	// or auto: see [ResolveValidatorMode].
+	Mode            annotations.ValidatorModeValue
 	Image           string
 	ImagePullPolicy corev1.PullPolicy
 	UID, GID        uint32
@@ -179,6 +182,8 @@ type ValidatorFile struct {
 	Sentinel        string                       `json:"sentinel,omitempty"`
 	Sentinel6       string                       `json:"sentinel6,omitempty"`
 	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
+	// Mode: "auto", "init-container" or "image-volume".
+	Mode string `json:"mode,omitempty"`
 }
 
 // GIDRangeFile is the gidRange section of [File].
@@ -396,6 +401,34 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
 	check(checkResources("validator.resources", c.Validator.Resources))
+	switch m := annotations.ValidatorModeValue(v.Mode); m {
+	case "":
+		c.Validator.Mode = annotations.ValidatorAuto
+	case annotations.ValidatorAuto, annotations.ValidatorInitContainer:
+		c.Validator.Mode = m
+	case annotations.ValidatorImageVolume:
+		c.Validator.Mode = m
+		if why := c.foldBlocker(); why != "" {
+			check(invalid("validator.mode", strconv.Quote(v.Mode), "%s; set it, or use \"auto\" or \"init-container\"", why))
+		}
+	default:
+		check(invalid("validator.mode", strconv.Quote(v.Mode), "use \"auto\", \"init-container\" or \"image-volume\""))
+	}
+}
+
+// foldBlocker says why the validator's check cannot run in the proxy's start with this
+// configuration, or "" when it can: the check execs the proxy's command, which the webhook must
+// know, and only a startup probe holds the pod's next containers back until the proxy — and so
+// the check — has started (without one the kubelet starts them as soon as the proxy's process
+// runs, and an app could start before a failing check ends).
+func (c *Config) foldBlocker() string {
+	switch {
+	case len(c.Proxy.Command) == 0:
+		return "proxy.command is not set (the check runs first and then execs the proxy's command, which the webhook must know)"
+	case c.Proxy.StartupProbe == nil:
+		return "proxy.startupProbe is not set (without one the kubelet starts the app as soon as the proxy's process runs, before a failing check could stop it)"
+	}
+	return ""
 }
 
 // completeInitEgress fills in the default init-container selection.

@@ -86,6 +86,33 @@ func proxyContainer(cfg *Config) corev1.Container {
 	return c
 }
 
+// ValidatorBinary is detour's binary in the proxy container of a pod whose check runs in the
+// proxy's start: detour's image is mounted read-only at annotations.ValidatorMountPath.
+const ValidatorBinary = annotations.ValidatorMountPath + "/opt/detour/bin/detour"
+
+// foldValidator makes proxy run the validator's check first: its command becomes detour's
+// binary from the image volume running `detour validate` with the validator's flags, which
+// execs the proxy's own command and arguments once the check passed (the same process: the
+// proxy's signals, exit code and output are its own); on failure it exits with the validator's
+// code, and the sidecar crash-loops where the validator init container did.
+func foldValidator(pod *corev1.Pod, proxy *corev1.Container, cfg *Config) {
+	pod.Spec.Volumes = append(pod.Spec.Volumes, corev1.Volume{
+		Name: annotations.ValidatorVolume,
+		VolumeSource: corev1.VolumeSource{Image: &corev1.ImageVolumeSource{
+			Reference: cfg.Validator.Image, PullPolicy: cfg.Validator.ImagePullPolicy,
+		}},
+	})
+	proxy.VolumeMounts = append(proxy.VolumeMounts, corev1.VolumeMount{
+		Name: annotations.ValidatorVolume, MountPath: annotations.ValidatorMountPath, ReadOnly: true,
+	})
+	proxy.Command = append(append([]string{ValidatorBinary}, ValidatorCommand(cfg)[1:]...), "--")
+	proxy.Args = append(clone(cfg.Proxy.Command), cfg.Proxy.Args...)
+	if pod.Spec.NodeSelector == nil {
+		pod.Spec.NodeSelector = map[string]string{}
+	}
+	pod.Spec.NodeSelector[annotations.ImageVolumesLabel] = "true"
+}
+
 func clone(s []string) []string {
 	if s == nil {
 		return nil

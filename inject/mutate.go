@@ -32,6 +32,9 @@ type Input struct {
 	// NativeSidecars reports whether the cluster runs native sidecars (init containers with
 	// restartPolicy Always, Kubernetes ≥ 1.29); sidecar mode "auto" picks native then.
 	NativeSidecars bool
+	// Validator is where the validator's check runs in native sidecar mode, as
+	// [ResolveValidatorMode] decided for the cluster; empty means the init container.
+	Validator annotations.ValidatorModeValue
 }
 
 // Outcome is what [Mutate] did with a pod.
@@ -88,7 +91,9 @@ type Result struct {
 	// Reason says why a pod was skipped (one of the Skip* constants).
 	Reason string
 	// Mode is where the proxy went in an injected pod.
-	Mode      annotations.SidecarModeValue
+	Mode annotations.SidecarModeValue
+	// Validator is where the validator's check runs in an injected pod.
+	Validator annotations.ValidatorModeValue
 	Decisions []Decision
 	// Warnings are for the person who applies the pod (admission warnings, stderr in the CLI).
 	Warnings []string
@@ -161,9 +166,13 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	removed := strip(pod)
 	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer, Warnings: unknown}
 	if !wasInjected {
-		for _, name := range removed {
+		for _, name := range removed.containers {
 			res.Warnings = append(res.Warnings, fmt.Sprintf(
 				"detour: the pod's container %q has a name detour reserves for its own containers, so it was replaced by detour's; rename it to keep it", name))
+		}
+		if removed.volume {
+			res.Warnings = append(res.Warnings, fmt.Sprintf(
+				"detour: the pod's volume %q has a name detour reserves for its own volume, so it was removed; rename it to keep it", annotations.ValidatorVolume))
 		}
 	}
 	switch {
@@ -234,16 +243,55 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	}
 	pod.Annotations[annotations.InitEgressStatus] = status(res)
 
-	validator := validatorContainer(cfg)
+	res.Validator, err = validatorMode(res, in, cfg, s)
+	if err != nil {
+		res.Warnings = append(res.Warnings, err.Error())
+	}
+	pod.Annotations[annotations.Validator] = string(res.Validator)
+
 	proxy := proxyContainer(cfg)
-	if res.Mode == annotations.SidecarNative {
+	switch {
+	case res.Validator == annotations.ValidatorImageVolume:
+		// The check runs in the proxy's own start: no validator container.
+		foldValidator(pod, &proxy, cfg)
 		proxy.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways)
-		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validator, proxy)
-	} else {
-		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validator)
+		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, proxy)
+	case res.Mode == annotations.SidecarNative:
+		proxy.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways)
+		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validatorContainer(cfg), proxy)
+	default:
+		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, validatorContainer(cfg))
 		pod.Spec.Containers = append(pod.Spec.Containers, proxy)
 	}
 	return res, nil
+}
+
+// validatorMode decides where the pod's check runs: the cluster's decision (in.Validator), or
+// the pod's (or its namespace's) detour.dev/validator-mode. The check runs in the proxy's start
+// only when the proxy is a native sidecar — a regular container gates nothing — and the
+// configuration allows it; an error is a request for that which cannot be granted (a warning:
+// the pod gets the init container).
+func validatorMode(res Result, in Input, cfg *Config, s settings) (annotations.ValidatorModeValue, error) {
+	mode := in.Validator
+	if s.validatorMode != "" && s.validatorMode != annotations.ValidatorAuto {
+		mode = s.validatorMode
+	}
+	if mode != annotations.ValidatorImageVolume {
+		return annotations.ValidatorInitContainer, nil
+	}
+	asked := s.validatorMode == annotations.ValidatorImageVolume
+	switch {
+	case res.Mode != annotations.SidecarNative && asked:
+		return annotations.ValidatorInitContainer, fmt.Errorf(
+			"detour: %s image-volume (from %s) needs the proxy as a native sidecar, and it runs as a regular container here; the validator runs as an init container instead", annotations.ValidatorMode, s.validatorModeFrom)
+	case res.Mode != annotations.SidecarNative:
+		return annotations.ValidatorInitContainer, nil
+	}
+	if why := cfg.foldBlocker(); why != "" {
+		return annotations.ValidatorInitContainer, fmt.Errorf(
+			"detour: %s image-volume (from %s) cannot be granted: the webhook configuration's %s; the validator runs as an init container instead", annotations.ValidatorMode, s.validatorModeFrom, why)
+	}
+	return annotations.ValidatorImageVolume, nil
 }
 
 // runToCompletionWarning warns about a pod that runs to completion (restartPolicy Never or
@@ -299,9 +347,9 @@ func optInSkipReason(mode annotations.InjectMode) string {
 func skip(pod *corev1.Pod, reason string) Result {
 	res := Result{Outcome: Skipped, Reason: reason}
 	removed := strip(pod)
-	if len(removed) > 0 {
-		quoted := make([]string, len(removed))
-		for i, n := range removed {
+	if len(removed.containers) > 0 {
+		quoted := make([]string, len(removed.containers))
+		for i, n := range removed.containers {
 			quoted[i] = strconv.Quote(n)
 		}
 		next := fmt.Sprintf("opt the namespace or the pod in with %s: enabled to inject it", annotations.Inject)
@@ -315,19 +363,41 @@ func skip(pod *corev1.Pod, reason string) Result {
 	return res
 }
 
-// strip removes a previous injection: the containers with detour's reserved names (returned,
-// in pod order) and every webhook-written annotation (including values a pod author forged).
-func strip(pod *corev1.Pod) []string {
-	var removed []string
+// stripped is what [strip] removed: containers with detour's reserved names, in pod order, and
+// whether a volume with its reserved name.
+type stripped struct {
+	containers []string
+	volume     bool
+}
+
+// strip removes a previous injection: the containers and the volume with detour's reserved
+// names, the image volumes label the webhook selected, and every webhook-written annotation
+// (including values a pod author forged).
+func strip(pod *corev1.Pod) stripped {
+	var removed stripped
 	ours := func(c corev1.Container) bool {
 		if c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer {
-			removed = append(removed, c.Name)
+			removed.containers = append(removed.containers, c.Name)
 			return true
 		}
 		return false
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
+	pod.Spec.Volumes = slices.DeleteFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
+		removed.volume = removed.volume || v.Name == annotations.ValidatorVolume
+		return v.Name == annotations.ValidatorVolume
+	})
+	if len(pod.Spec.Volumes) == 0 {
+		pod.Spec.Volumes = nil
+	}
+	if annotations.IsInjected(pod.Annotations) {
+		// The webhook's own selector; a pod detour never injected keeps one its author wrote.
+		delete(pod.Spec.NodeSelector, annotations.ImageVolumesLabel)
+		if len(pod.Spec.NodeSelector) == 0 {
+			pod.Spec.NodeSelector = nil
+		}
+	}
 	stripAnnotations(pod)
 	return removed
 }
@@ -387,6 +457,9 @@ type settings struct {
 	skipCIDRs       []netip.Prefix
 	mode            SidecarMode
 	modeFrom        string
+	// validatorMode is the pod's (or namespace's) detour.dev/validator-mode, if any.
+	validatorMode     annotations.ValidatorModeValue
+	validatorModeFrom string
 }
 
 func (u userSettings) parse(cfg *Config) (settings, error) {
@@ -420,6 +493,13 @@ func (u userSettings) parse(cfg *Config) (settings, error) {
 			return s, u.wrapError(annotations.SidecarMode, err)
 		}
 		s.mode, s.modeFrom = SidecarMode(m), from
+	}
+	if v, from, ok := u.lookup(annotations.ValidatorMode); ok {
+		m, err := annotations.ParseValidatorMode(v)
+		if err != nil {
+			return s, u.wrapError(annotations.ValidatorMode, err)
+		}
+		s.validatorMode, s.validatorModeFrom = m, from
 	}
 	return s, nil
 }

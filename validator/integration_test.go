@@ -1,11 +1,16 @@
 package validator_test
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -148,8 +153,10 @@ func TestIntegrationValidatorWithoutRedirect(t *testing.T) {
 	}
 }
 
-// The proxy's UID is exempt from the redirect, so a validator running as it finds none: the
-// check is the real path of a connection, not a look at the rules.
+// The proxy's UID is exempt from the redirect, so a validator running as it finds none when the
+// rules do not name its sentinels (a pod injected before they existed): the check is the real
+// path of a connection, not a look at the rules. With them, the proxy's probe is redirected
+// (TestIntegrationValidatorInTheProxysStart).
 func TestIntegrationValidatorExemptIdentityFails(t *testing.T) {
 	ns := podNamespace(t, false)
 	installRedirect(t, ns, iptables.IPv4)
@@ -264,4 +271,141 @@ func TestIntegrationValidatorPassesWhateverTheSkipLists(t *testing.T) {
 			}
 		})
 	}
+}
+
+// foldedProxy injects pod with the validator's check folded into the proxy's start
+// (validator.mode image-volume), its proxy command a shell script, and returns the proxy
+// container and the pod's redirect.
+func foldedProxy(t *testing.T, script string, args ...string) (corev1.Container, annotations.Redirect) {
+	t.Helper()
+	cfg, err := inject.ParseConfig([]byte(`
+proxy:
+  image: proxy:test
+  command: [/bin/sh, -c, ` + strconv.Quote(script) + `, sh]
+  startupProbe: {tcpSocket: {port: 4191}}
+sidecarMode: native
+validator: {mode: image-volume, timeout: 2s}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Proxy.Args = args
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Annotations: map[string]string{annotations.Inject: "enabled"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+	}
+	res, err := inject.Mutate(pod, inject.Input{NativeSidecars: true, Validator: annotations.ValidatorImageVolume}, cfg)
+	if err != nil || res.Validator != annotations.ValidatorImageVolume {
+		t.Fatalf("inject: %v, validator %q, warnings %v", err, res.Validator, res.Warnings)
+	}
+	r, err := annotations.ParseRedirect(pod.Annotations)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := pod.Spec.InitContainers[0]
+	if proxy.Name != annotations.ProxyContainer || proxy.Command[0] != inject.ValidatorBinary {
+		t.Fatalf("the first init container is %s running %v, want the proxy running %s", proxy.Name, proxy.Command, inject.ValidatorBinary)
+	}
+	return proxy, r
+}
+
+// runFolded starts the folded proxy container's command line — detour's binary in the image
+// volume is this test's `detour` — in ns as the proxy's UID, the way the runtime would.
+func runFolded(ctx context.Context, ns *testenv.NetNS, proxy corev1.Container) *exec.Cmd {
+	args := append(slices.Clone(proxy.Command[1:]), proxy.Args...)
+	cmd := testenv.ChildCommand(ctx, proxyID, "detour", args...)
+	cmd.Env = append(cmd.Env, "PROBE=from the pod spec")
+	return cmd
+}
+
+// Issue 21: the check runs at the start of the proxy container, as the proxy's UID — which the
+// rules let out directly, but for the sentinels — and then execs the proxy's command: the same
+// process (its PID), its arguments with their spaces, its environment, its exit code, its
+// signals. Without the rules the check fails with the validator's code and the proxy never
+// starts.
+func TestIntegrationValidatorInTheProxysStart(t *testing.T) {
+	script := `echo "pid $$"; echo "arg1 [$1]"; echo "arg2 [$2]"; echo "env [$PROBE]"; exit 7`
+	proxy, r := foldedProxy(t, script, "two words", "--config=/etc/proxy.yaml")
+	ns := podNamespace(t, true)
+	var rulesets []iptables.Ruleset
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("exec", func(t *testing.T) {
+		cmd := runFolded(ctx, ns, proxy)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := ns.Do(cmd.Start); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 7 {
+			t.Fatalf("exit code %d, want the proxy's 7; stdout %q, stderr %q", code, stdout.String(), stderr.String())
+		}
+		for _, want := range []string{
+			"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4140",
+			"detour validate: starting /bin/sh",
+			fmt.Sprintf("pid %d\n", cmd.Process.Pid), // the same process
+			"arg1 [two words]\n", "arg2 [--config=/etc/proxy.yaml]\n",
+			"env [from the pod spec]\n",
+		} {
+			if !strings.Contains(stdout.String(), want) {
+				t.Errorf("stdout lacks %q:\n%s", want, stdout.String())
+			}
+		}
+	})
+
+	t.Run("signals", func(t *testing.T) {
+		proxy, _ := foldedProxy(t, `trap 'echo "got TERM"; exit 143' TERM; echo ready; while :; do sleep 0.05; done`)
+		cmd := runFolded(ctx, ns, proxy)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ns.Do(cmd.Start); err != nil {
+			t.Fatal(err)
+		}
+		lines := bufio.NewScanner(out)
+		var seen []string
+		for lines.Scan() {
+			seen = append(seen, lines.Text())
+			if lines.Text() == "ready" {
+				// The PID the runtime (here: the test) signals is the proxy's.
+				if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 143 || !slices.Contains(seen, "got TERM") {
+			t.Errorf("after SIGTERM: exit code %d, output %q; want the proxy's trap to answer with 143", code, seen)
+		}
+	})
+
+	t.Run("no redirect", func(t *testing.T) {
+		bare := podNamespace(t, false)
+		cmd := runFolded(ctx, bare, proxy)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := bare.Do(cmd.Start); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != validator.ExitNoRedirect {
+			t.Fatalf("exit code %d, want %d; stderr %q", code, validator.ExitNoRedirect, stderr.String())
+		}
+		if strings.Contains(stdout.String(), "pid ") || !strings.Contains(stderr.String(), "no redirect in this pod's network namespace") {
+			t.Errorf("the proxy started, or the message is not the validator's: stdout %q, stderr %q", stdout.String(), stderr.String())
+		}
+	})
 }

@@ -22,6 +22,7 @@ type injectFlags struct {
 	validatorUID   int64
 	initEgress     string
 	sidecarMode    string
+	validatorMode  string
 	conflictPolicy string
 	gidRange       string
 }
@@ -54,6 +55,9 @@ func (f *injectFlags) overrides(cmd *cobra.Command) (func(*inject.File), error) 
 		}
 		if changed("sidecar-mode") {
 			c.SidecarMode = f.sidecarMode
+		}
+		if changed("validator-mode") {
+			c.Validator.Mode = f.validatorMode
 		}
 		if changed("conflict-policy") {
 			c.ConflictPolicy = f.conflictPolicy
@@ -88,6 +92,7 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 	fl.Int64Var(&f.validatorUID, "validator-uid", inject.DefaultValidatorUID, "validator.uid: the UID the validator runs as")
 	fl.StringVar(&f.initEgress, "init-egress", "*", `initEgress: init containers that keep direct egress: "*", "none" or names`)
 	fl.StringVar(&f.sidecarMode, "sidecar-mode", "auto", `sidecarMode: "auto", "container" or "native"`)
+	fl.StringVar(&f.validatorMode, "validator-mode", "auto", `validator.mode: "auto", "init-container" or "image-volume" (the check in the proxy's start)`)
 	fl.StringVar(&f.conflictPolicy, "conflict-policy", "warn", `conflictPolicy: "warn" or "deny" when an init container cannot keep egress`)
 	fl.StringVar(&f.gidRange, "gid-range", fmt.Sprintf("%d-%d", inject.DefaultGIDFirst, inject.DefaultGIDLast), "gidRange: reserved range of dedicated GIDs, first-last")
 }
@@ -96,7 +101,7 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 func newInjectCommand() *cobra.Command {
 	var f injectFlags
 	var file string
-	var native bool
+	var native, imageVolumes bool
 	var nsAnnotations []string
 	cmd := &cobra.Command{
 		Use:   "inject -f FILE|-",
@@ -116,6 +121,9 @@ webhook injects it the same way in any namespace.`,
 
   # Use the webhook's own configuration, in container mode, as on a cluster without native sidecars:
   detour inject -f app.yaml --config=webhook.yaml --native-sidecars=false
+
+  # As on a cluster whose nodes cannot mount image volumes (the validator as an init container):
+  detour inject -f app.yaml --config=webhook.yaml --image-volumes=false
 
   # Simulate namespace annotations (here: skip SMTP for every pod):
   kubectl get deploy web -o yaml | detour inject -f - --config=webhook.yaml \
@@ -142,8 +150,9 @@ webhook injects it the same way in any namespace.`,
 				return err
 			}
 			defer closeIn()
+			validator := inject.ResolveValidatorMode(cfg, inject.OfflineCluster(imageVolumes))
 			notices, err := manifest.InjectStream(in, cmd.OutOrStdout(), manifest.InjectOptions{
-				Config: cfg, NamespaceAnnotations: ns, NativeSidecars: native,
+				Config: cfg, NamespaceAnnotations: ns, NativeSidecars: native, Validator: validator.Mode,
 			})
 			for _, n := range notices {
 				fmt.Fprintln(cmd.ErrOrStderr(), "Warning:", n)
@@ -157,6 +166,7 @@ webhook injects it the same way in any namespace.`,
 	f.register(cmd)
 	cmd.Flags().StringVarP(&file, "filename", "f", "", "the YAML or JSON to inject; - reads standard input")
 	cmd.Flags().BoolVar(&native, "native-sidecars", true, "the target cluster runs native sidecars (Kubernetes 1.29 or later); sidecar mode auto then picks native")
+	cmd.Flags().BoolVar(&imageVolumes, "image-volumes", true, "the target cluster's nodes mount image volumes (Kubernetes 1.35 or later, containerd 2.1 or later); validator mode auto then runs the check in the proxy's start")
 	cmd.Flags().StringArrayVar(&nsAnnotations, "namespace-annotation", nil, "an annotation of the pods' namespace, key=value (repeatable)")
 	_ = cmd.MarkFlagRequired("filename")
 	return cmd

@@ -12,11 +12,15 @@ import (
 func newValidateCommand() *cobra.Command {
 	f := validator.DefaultFlags()
 	cmd := &cobra.Command{
-		Use:   "validate",
-		Short: "Prove that this pod's outbound traffic is redirected to the proxy port (init container)",
+		Use:   "validate [flags] [-- COMMAND [ARG...]]",
+		Short: "Prove that this pod's outbound traffic is redirected to the proxy port (init container, or the proxy's start)",
 		Long: `validate runs as the first init container of every pod the detour webhook injects. It listens
 on the proxy's outbound port, connects to a sentinel address outside the pod, and succeeds only if the
 connection comes back to its own listener — proof that the detour CNI plugin installed the redirect.
+
+With a command after --, it runs at the start of the proxy container instead (validator.mode
+image-volume): once the check passed it execs the command, which then is the same process, with its
+own signals, exit code and output; when the check fails the command never starts.
 
 Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller recreates such pods);
 43 another process holds the port; 2 bad flags; 1 the check could not run. See docs/validator.md.`,
@@ -24,9 +28,17 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
   detour validate --port=4140
 
   # Check IPv6 too, with a 3 second bound:
-  detour validate --port=4140 --ipv6=always --timeout=3s`,
-		Args: usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
+  detour validate --port=4140 --ipv6=always --timeout=3s
+
+  # At the start of the proxy container: check, then become the proxy:
+  /.detour/opt/detour/bin/detour validate --port=4140 -- /usr/bin/proxy --config /etc/proxy.yaml`,
+		Args: usageArgs(func(cmd *cobra.Command, args []string) error {
+			if len(args) > 0 && cmd.ArgsLenAtDash() != 0 {
+				return fmt.Errorf("unexpected argument %q: the command to start after the check goes after --", args[0])
+			}
+			return nil
+		}),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if m, ok := validator.DeprecatedIPv6[f.IPv6]; ok {
 				fmt.Fprintf(cmd.ErrOrStderr(), "--ipv6=%s is deprecated, use --ipv6=%s\n", f.IPv6, m)
 			}
@@ -39,7 +51,12 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 				return &ExitError{Code: validator.Code(err), Err: err}
 			}
 			fmt.Fprintln(cmd.OutOrStdout(), res)
-			return nil
+			if len(args) == 0 {
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s%s\n", validator.StartedMarker, args[0])
+			err = validator.Exec(args) // returns only when it could not start the command
+			return &ExitError{Code: validator.Code(err), Err: err}
 		},
 	}
 	cmd.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {

@@ -31,6 +31,8 @@ type InjectOptions struct {
 	NamespaceAnnotations map[string]string
 	// NativeSidecars says whether the target cluster runs native sidecars (Kubernetes ≥ 1.29).
 	NativeSidecars bool
+	// Validator is where the validator's check runs (inject.ResolveValidatorMode).
+	Validator annotations.ValidatorModeValue
 
 	// assumeOptIn is set when NamespaceAnnotations was nil: the namespace's opt-in is only
 	// assumed, so injected pods carry their own.
@@ -256,7 +258,7 @@ func injectTemplate(template map[string]any, namespace string, o InjectOptions) 
 		return false, inject.Result{}, err
 	}
 	pod := orig.DeepCopy()
-	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars}, o.Config)
+	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: o.NamespaceAnnotations, NativeSidecars: o.NativeSidecars, Validator: o.Validator}, o.Config)
 	if err != nil || equality.Semantic.DeepEqual(orig, pod) {
 		return false, res, err
 	}

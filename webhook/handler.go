@@ -66,6 +66,7 @@ type Handler struct {
 	cfg        *inject.Config
 	namespaces NamespaceLookup
 	native     bool
+	validator  func() inject.ValidatorDecision
 	log        *slog.Logger
 	metrics    *Metrics
 }
@@ -80,6 +81,13 @@ func WithLogger(log *slog.Logger) HandlerOption { return func(h *Handler) { h.lo
 // in metrics that no registry holds.
 func WithMetrics(m *Metrics) HandlerOption { return func(h *Handler) { h.metrics = m } }
 
+// WithValidatorModes makes the handler take where the validator's check runs from v (the
+// webhook's decision from the cluster's nodes). Without it, validator.mode auto means the init
+// container.
+func WithValidatorModes(v *ValidatorModes) HandlerOption {
+	return func(h *Handler) { h.validator = v.Current }
+}
+
 // NewHandler returns the admission handler for cfg. native says whether the cluster runs
 // native sidecars.
 func NewHandler(cfg *inject.Config, namespaces NamespaceLookup, native bool, opts ...HandlerOption) *Handler {
@@ -92,6 +100,10 @@ func NewHandler(cfg *inject.Config, namespaces NamespaceLookup, native bool, opt
 	}
 	if h.metrics == nil {
 		h.metrics = newMetrics()
+	}
+	if h.validator == nil {
+		d := inject.ResolveValidatorMode(cfg, inject.Cluster{})
+		h.validator = func() inject.ValidatorDecision { return d }
 	}
 	return h
 }
@@ -188,7 +200,8 @@ func (h *Handler) mutate(ctx context.Context, req admission.Request, pod *corev1
 	if err != nil {
 		return nil, &internalError{fmt.Errorf("detour webhook: read namespace %q: %w", namespace, err)}
 	}
-	res, err := inject.Mutate(pod, inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: h.native}, h.cfg)
+	in := inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: h.native, Validator: h.validator().Mode}
+	res, err := inject.Mutate(pod, in, h.cfg)
 	if err != nil && !inject.IsDenial(err) {
 		return &res, &internalError{err}
 	}

@@ -4,22 +4,29 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	jsonpatch "github.com/evanphx/json-patch/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 	sigsjson "sigs.k8s.io/json"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
 
 func staticNamespaces(a map[string]string) NamespaceLookup {
@@ -184,19 +191,31 @@ func TestHandler(t *testing.T) {
 // yields a pod the plugin can read, when injected) or a denial with a message.
 func FuzzHandler(f *testing.F) {
 	cfg := testConfig(f, "sidecarMode: container")
+	// In native mode, the check in the proxy's start: volumes and the node selector change too.
+	folded := NewValidatorModes(foldingConfig(f), "v1.37.2", slog.New(slog.DiscardHandler), nil)
+	withVolumes := testPod(nil, nil, nil)
+	withVolumes.Spec.Volumes = []corev1.Volume{{Name: "data"}, {Name: annotations.ValidatorVolume}}
+	withVolumes.Spec.NodeSelector = map[string]string{"zone": "a", annotations.ImageVolumesLabel: "true"}
 	for _, p := range []*corev1.Pod{
 		testPod(nil, nil, nil),
 		testPod([]corev1.Container{runAs("migrate", 0, -1), runAs("fetch", 1001, 7), runAs("x", -1, -1)}, nil, nil),
 		testPod(nil, nil, map[string]string{annotations.InitEgress: "fetch", annotations.SkipOutboundPorts: "25,8000-8100", annotations.ExemptUIDs: "0"}),
 		withPodSecurity(testPod([]corev1.Container{runAs("a", -1, -1)}, nil, nil), corev1.PodSecurityContext{RunAsUser: ptr(int64(0)), FSGroup: ptr(int64(2600))}),
+		withVolumes,
+		testPod(nil, nil, map[string]string{annotations.ValidatorMode: "init-container"}),
 	} {
 		f.Add(podJSON(f, p), false)
+		f.Add(podJSON(f, p), true)
 	}
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","spec":{"initContainers":[{"name":"a","securityContext":{"runAsUser":-5}}]}}`), true)
 	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"annotations":{"detour.dev/sidecar-mode":"native"}}}`), true)
+	f.Add([]byte(`{"apiVersion":"v1","kind":"Pod","metadata":{"annotations":{"detour.dev/injected":"v1"}},"spec":{"nodeSelector":{"detour.dev/image-volumes":"true"},"volumes":[{"name":"detour-validator","image":{"reference":"x"}}]}}`), true)
 	f.Add([]byte(`null`), false)
 	f.Fuzz(func(t *testing.T, raw []byte, native bool) {
 		h := NewHandler(cfg, staticNamespaces(optedIn), native)
+		if native {
+			h = NewHandler(folded.cfg, staticNamespaces(optedIn), true, WithValidatorModes(folded))
+		}
 		resp := h.Handle(context.Background(), request(t, admissionv1.Create, raw))
 		if !resp.Allowed {
 			if resp.Result == nil || resp.Result.Message == "" || resp.Result.Code < 400 || resp.Result.Code >= 500 {
@@ -247,4 +266,101 @@ func metaGVK(group, version, kind string) metav1.GroupVersionKind {
 
 func metaGVR(group, version, resource string) metav1.GroupVersionResource {
 	return metav1.GroupVersionResource{Group: group, Version: version, Resource: resource}
+}
+
+// foldingConfig runs the validator's check in the proxy's start (validator.mode image-volume).
+func foldingConfig(t testing.TB) *inject.Config {
+	t.Helper()
+	cfg, err := inject.ParseConfig([]byte(`
+proxy: {image: proxy:test, command: [proxy], startupProbe: {tcpSocket: {port: 4191}}}
+validator: {mode: image-volume}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// The folded form's patch — the proxy first without a validator, detour's image volume, the
+// node selector — comes from the typed patch, not the whole-document diff that costs most of an
+// admission (docs/benchmarks-webhook.md).
+func TestFoldedPatchIsTyped(t *testing.T) {
+	cfg := foldingConfig(t)
+	pod := benchPod(t)
+	pod.Spec.NodeSelector = map[string]string{"zone": "a"}
+	delete(pod.Annotations, annotations.SidecarMode) // the proxy as a native sidecar
+	orig := pod.DeepCopy()
+	res, err := inject.Mutate(pod, inject.Input{NamespaceAnnotations: optedIn, NativeSidecars: true, Validator: annotations.ValidatorImageVolume}, cfg)
+	if err != nil || res.Validator != annotations.ValidatorImageVolume {
+		t.Fatalf("Mutate = %+v, %v", res, err)
+	}
+	ops, ok := fastpath.Patch(orig, pod, podJSON(t, orig))
+	if !ok {
+		t.Fatal("the typed patch declined the folded form")
+	}
+	var paths []string
+	for _, op := range ops {
+		paths = append(paths, op.Operation+" "+op.Path)
+	}
+	for _, want := range []string{"add /spec/nodeSelector/detour.dev~1image-volumes", "add /spec/volumes/" + strconv.Itoa(len(orig.Spec.Volumes)), "add /spec/initContainers/0"} {
+		if !slices.Contains(paths, want) {
+			t.Errorf("patch %v lacks %q", paths, want)
+		}
+	}
+}
+
+// The decision follows the nodes: a node that cannot mount image volumes, joining, turns auto
+// to the init container with a reason that names it; leaving, back; a status update that
+// changes nothing decides nothing; the gauge shows the mode.
+func TestValidatorModesFollowTheNodes(t *testing.T) {
+	cfg, err := inject.ParseConfig([]byte("proxy: {image: proxy:test, command: [proxy], startupProbe: {tcpSocket: {port: 4191}}}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "g"}, []string{"mode"})
+	var logs strings.Builder
+	v := NewValidatorModes(cfg, "v1.37.2", slog.New(slog.NewTextHandler(&logs, nil)), gauge)
+	node := func(name, kubelet string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: kubelet, ContainerRuntimeVersion: "containerd://2.4.2"}}}
+	}
+	value := func(mode string) float64 {
+		var m dto.Metric
+		if err := gauge.WithLabelValues(mode).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetGauge().GetValue()
+	}
+	mode := func() string {
+		return string(v.Current().Mode) + fmt.Sprintf(" %v/%v", value("image-volume"), value("init-container"))
+	}
+	h := v.Handler()
+	if got := mode(); got != "init-container 0/1" || !strings.Contains(v.Current().Reason, "no node has registered yet") {
+		t.Errorf("without nodes: %s, %q", got, v.Current().Reason)
+	}
+	h.OnAdd(node("a", "v1.37.2"), true)
+	h.OnAdd(node("b", "v1.37.2"), true)
+	if got := mode(); got != "image-volume 1/0" {
+		t.Errorf("two new nodes: %s (%s)", got, v.Current().Reason)
+	}
+	h.OnAdd(node("old", "v1.34.2"), false)
+	if got := mode(); got != "init-container 0/1" || !strings.Contains(v.Current().Reason, "1 of 3 nodes cannot mount image volumes: old: the kubelet v1.34.2") {
+		t.Errorf("an old node joined: %s, %q", got, v.Current().Reason)
+	}
+	before := logs.Len()
+	h.OnUpdate(node("old", "v1.34.2"), node("old", "v1.34.2"))
+	if logs.Len() != before {
+		t.Errorf("a status update that changes nothing logged: %s", logs.String()[before:])
+	}
+	h.OnUpdate(node("old", "v1.34.2"), node("old", "v1.35.1")) // upgraded in place
+	if got := mode(); got != "image-volume 1/0" {
+		t.Errorf("the old node upgraded: %s (%s)", got, v.Current().Reason)
+	}
+	h.OnAdd(node("old2", "v1.30.0"), false)
+	h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "old2", Obj: node("old2", "v1.30.0")})
+	if got := mode(); got != "image-volume 1/0" {
+		t.Errorf("an old node came and went: %s (%s)", got, v.Current().Reason)
+	}
+	if !strings.Contains(logs.String(), "mode=image-volume") || !strings.Contains(logs.String(), "mode=init-container") {
+		t.Errorf("the mode changes were not logged:\n%s", logs.String())
+	}
 }

@@ -26,6 +26,8 @@ type Metrics struct {
 	granted    *prometheus.CounterVec
 	refused    prometheus.Counter
 	nsMisses   prometheus.Counter
+	// validatorMode is 1 for where the validator's check runs now, 0 for the other place.
+	validatorMode *prometheus.GaugeVec
 }
 
 // NewMetrics returns the webhook's metrics, registered in reg. A metric reg holds already
@@ -46,6 +48,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		return nil, err
 	}
 	if m.nsMisses, err = register(reg, m.nsMisses); err != nil {
+		return nil, err
+	}
+	if m.validatorMode, err = register(reg, m.validatorMode); err != nil {
 		return nil, err
 	}
 	return m, nil
@@ -89,6 +94,10 @@ func newMetrics() *Metrics {
 			Name: "detour_webhook_namespace_cache_misses_total",
 			Help: "Namespaces not yet in the cache, read from the API server instead.",
 		}),
+		validatorMode: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "detour_webhook_validator_mode",
+			Help: "Where the validator's check runs in the pods injected now as native sidecars: 1 for the mode in use (init-container or image-volume), 0 for the other.",
+		}, []string{"mode"}),
 	}
 	for _, o := range []string{outcomeInjected, outcomeSkipped, outcomeDenied, outcomeError} {
 		m.admissions.WithLabelValues(o)

@@ -32,6 +32,7 @@ import (
 	crwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/webhook/certs"
 	"github.com/detourmesh/detour/webhook/internal/fastpath"
@@ -159,6 +160,10 @@ func Run(ctx context.Context, o Options) error {
 	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == inject.SidecarNative || cfg.SidecarMode == inject.SidecarAuto && native) {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
+	if d := inject.ResolveValidatorMode(&cfg, inject.Cluster{APIServerVersion: serverVersion}); cfg.Validator.Mode == annotations.ValidatorAuto && d.Mode == annotations.ValidatorInitContainer {
+		// What auto can never pick with this configuration or API server, whatever the nodes.
+		log.Info("validator mode auto: the validator runs as an init container", "reason", d.Reason)
+	}
 
 	ca, err := o.certificates(ctx, log)
 	if err != nil {
@@ -180,8 +185,16 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
+	modes := NewValidatorModes(&cfg, serverVersion, log.With("component", "validator-mode"), m.validatorMode)
+	nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+	if err != nil {
+		return fmt.Errorf("run webhook: watch nodes: %w", err)
+	}
+	if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
+		return fmt.Errorf("run webhook: watch nodes: %w", err)
+	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
-	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m))
+	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m), WithValidatorModes(modes))
 	mgr.GetWebhookServer().Register(MutatePath, &fastpath.ReviewHandler{Webhook: &admission.Webhook{
 		Handler: handler,
 		// The handler logs each admission itself; controller-runtime's per-request logger
@@ -201,8 +214,11 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("namespaces", func(*http.Request) error {
-		if !informer.HasSynced() {
+		switch {
+		case !informer.HasSynced():
 			return errors.New("the namespace cache has not synced yet")
+		case !nodes.HasSynced():
+			return errors.New("the node cache has not synced yet (the validator mode depends on the nodes)")
 		}
 		return nil
 	}); err != nil {
@@ -273,7 +289,10 @@ func (o Options) newManager(logger logr.Logger) (manager.Manager, error) {
 		WebhookServer: crwebhook.NewServer(crwebhook.Options{
 			Host: o.Host, Port: o.Port, CertDir: o.CertDir, CertName: o.CertName, KeyName: o.KeyName, TLSOpts: tlsOpts,
 		}),
-		Cache: cache.Options{DefaultTransform: cache.TransformStripManagedFields()},
+		Cache: cache.Options{
+			DefaultTransform: cache.TransformStripManagedFields(),
+			ByObject:         map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeVersions}},
+		},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create the manager: %w", err)

@@ -19,9 +19,10 @@ import (
 // Patch returns the JSON patch that turns the request's pod JSON into mutated, or ok false
 // when the change is not the shape it handles (the caller then diffs the whole documents).
 //
-// The patch is computed from the typed pods, never written by hand: annotations key by key,
-// and each container list by container name — removed containers, inserted containers (whole),
-// and, for a container present in both, the diff of that container alone. Diffing the whole
+// The patch is computed from the typed pods, never written by hand: annotations and the node
+// selector key by key, the volumes by name (removed and added whole), and each container list
+// by container name — removed containers, inserted containers (whole), and, for a container
+// present in both, the diff of that container alone. Diffing the whole
 // pod document instead (what controller-runtime's typed defaulter does) costs most of an
 // admission: inserting the validator at the front of the init containers shifts every element,
 // so the generic array diff rewrites them all field by field. Fields the typed Pod does not know
@@ -29,33 +30,21 @@ import (
 // JSON, less what merely decoding and encoding it changes.
 func Patch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOperation, bool) {
 	// A pod without a spec (never a real one) may lack the "spec" member the paths need.
-	if !sameExceptAnnotationsAndContainers(orig, mutated) || reflect.ValueOf(&orig.Spec).Elem().IsZero() {
+	if !sameExceptWhatPatchDiffs(orig, mutated) || reflect.ValueOf(&orig.Spec).Elem().IsZero() {
 		return nil, false
 	}
-	var ops []jsonpatch.JsonPatchOperation
-
-	// Annotations.
-	switch {
-	case len(orig.Annotations) == 0 && len(mutated.Annotations) > 0:
-		if reflect.DeepEqual(orig.ObjectMeta, metav1.ObjectMeta{}) {
-			// The request may have no metadata at all, or only fields unknown here:
-			// whole-document diff.
-			return nil, false
-		}
-		ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations", mutated.Annotations))
-	default:
-		// In key order, so that the same pod always gets the same patch.
-		for _, k := range slices.Sorted(maps.Keys(orig.Annotations)) {
-			if _, ok := mutated.Annotations[k]; !ok {
-				ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(k), nil))
-			}
-		}
-		for _, k := range slices.Sorted(maps.Keys(mutated.Annotations)) {
-			if old, ok := orig.Annotations[k]; !ok || old != mutated.Annotations[k] {
-				ops = append(ops, jsonpatch.NewOperation("add", "/metadata/annotations/"+escape(k), mutated.Annotations[k]))
-			}
-		}
+	if len(orig.Annotations) == 0 && len(mutated.Annotations) > 0 && reflect.DeepEqual(orig.ObjectMeta, metav1.ObjectMeta{}) {
+		// The request may have no metadata at all, or only fields unknown here: whole-document
+		// diff.
+		return nil, false
 	}
+	ops := mapOps("/metadata/annotations", orig.Annotations, mutated.Annotations)
+	ops = append(ops, mapOps("/spec/nodeSelector", orig.Spec.NodeSelector, mutated.Spec.NodeSelector)...)
+	volumes, ok := volumeOps("/spec/volumes", orig.Spec.Volumes, mutated.Spec.Volumes)
+	if !ok {
+		return nil, false
+	}
+	ops = append(ops, volumes...)
 	// The raw containers are read, once, only for a container whose fields changed.
 	var rawSpec *struct {
 		Spec struct {
@@ -92,14 +81,85 @@ func Patch(orig, mutated *corev1.Pod, rawPod []byte) ([]jsonpatch.JsonPatchOpera
 	return ops, true
 }
 
-// sameExceptAnnotationsAndContainers reports whether the mutation changed nothing but what
-// Patch diffs.
-func sameExceptAnnotationsAndContainers(a, b *corev1.Pod) bool {
+// sameExceptWhatPatchDiffs reports whether the mutation changed nothing but what Patch diffs.
+func sameExceptWhatPatchDiffs(a, b *corev1.Pod) bool {
 	x, y := *a, *b
 	x.Annotations, y.Annotations = nil, nil
+	x.Spec.NodeSelector, y.Spec.NodeSelector = nil, nil
+	x.Spec.Volumes, y.Spec.Volumes = nil, nil
 	x.Spec.InitContainers, y.Spec.InitContainers = nil, nil
 	x.Spec.Containers, y.Spec.Containers = nil, nil
 	return equalValues(&x, &y) // b is a deep copy of a: untouched parts are identical
+}
+
+// mapOps turns the string map at path from before into after, key by key in key order (the
+// same pod always gets the same patch); a map that comes or goes is added or removed whole.
+func mapOps(path string, before, after map[string]string) []jsonpatch.JsonPatchOperation {
+	switch {
+	case len(before) == 0 && len(after) == 0:
+		return nil
+	case len(before) == 0:
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("add", path, after)}
+	case len(after) == 0 && after == nil:
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("remove", path, nil)}
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	for _, k := range slices.Sorted(maps.Keys(before)) {
+		if _, ok := after[k]; !ok {
+			ops = append(ops, jsonpatch.NewOperation("remove", path+"/"+escape(k), nil))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(after)) {
+		if old, ok := before[k]; !ok || old != after[k] {
+			ops = append(ops, jsonpatch.NewOperation("add", path+"/"+escape(k), after[k]))
+		}
+	}
+	return ops
+}
+
+// volumeOps turns the volume list at path from before into after by name: removed volumes
+// go, new ones are added whole at their place. A volume present in both must be unchanged and
+// keep its order (the mutation never edits a volume), else ok is false.
+func volumeOps(path string, before, after []corev1.Volume) ([]jsonpatch.JsonPatchOperation, bool) {
+	switch {
+	case len(before) == 0 && len(after) == 0:
+		return nil, true
+	case len(before) == 0:
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("add", path, after)}, true
+	case len(after) == 0:
+		return []jsonpatch.JsonPatchOperation{jsonpatch.NewOperation("remove", path, nil)}, true
+	}
+	inAfter := map[string]int{}
+	for i, v := range after {
+		inAfter[v.Name] = i
+	}
+	if len(inAfter) != len(after) {
+		return nil, false
+	}
+	var ops []jsonpatch.JsonPatchOperation
+	inBefore := map[string]bool{}
+	last := -1
+	for i := len(before) - 1; i >= 0; i-- {
+		if _, ok := inAfter[before[i].Name]; !ok {
+			ops = append(ops, jsonpatch.NewOperation("remove", path+"/"+strconv.Itoa(i), nil))
+		}
+	}
+	for i := range before {
+		j, ok := inAfter[before[i].Name]
+		if !ok {
+			continue
+		}
+		if inBefore[before[i].Name] || j < last || !equalValues(&before[i], &after[j]) {
+			return nil, false
+		}
+		inBefore[before[i].Name], last = true, j
+	}
+	for j, v := range after {
+		if !inBefore[v.Name] {
+			ops = append(ops, jsonpatch.NewOperation("add", path+"/"+strconv.Itoa(j), v))
+		}
+	}
+	return ops, true
 }
 
 // containerOps turns the list before into after, matching containers by name; raw returns

@@ -1,0 +1,136 @@
+package webhook
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	toolscache "k8s.io/client-go/tools/cache"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
+)
+
+// ValidatorModes keeps the webhook's decision of where the validator's check runs
+// ([inject.ResolveValidatorMode]) up to date with the cluster's nodes: whether each one's
+// kubelet and runtime mount image volumes. It keeps what it needs of each node (its versions)
+// from a watch whose cache holds nothing else of a Node ([nodeVersions]), so a node's status
+// updates cost a map lookup, and decides again only when a node comes, goes or changes its
+// versions. A decision that changes the mode is logged at info level with its reason, and
+// shown by the detour_webhook_validator_mode gauge.
+type ValidatorModes struct {
+	cfg       *inject.Config
+	apiServer string
+	log       *slog.Logger
+	gauge     *prometheus.GaugeVec
+
+	mu       sync.Mutex
+	nodes    map[string]string // name → why it cannot mount image volumes; "" when it can
+	without  int
+	decision atomic.Pointer[inject.ValidatorDecision]
+}
+
+// NewValidatorModes returns the decision for cfg on an API server of version apiServer, before
+// any node is known; gauge may be nil.
+func NewValidatorModes(cfg *inject.Config, apiServer string, log *slog.Logger, gauge *prometheus.GaugeVec) *ValidatorModes {
+	v := &ValidatorModes{cfg: cfg, apiServer: apiServer, log: log, gauge: gauge, nodes: map[string]string{}}
+	v.decideLocked()
+	return v
+}
+
+// Current is the decision now.
+func (v *ValidatorModes) Current() inject.ValidatorDecision { return *v.decision.Load() }
+
+// Handler is the node watch's event handler.
+func (v *ValidatorModes) Handler() toolscache.ResourceEventHandler {
+	return toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { v.set(obj, true) },
+		UpdateFunc: func(_, obj any) { v.set(obj, true) },
+		DeleteFunc: func(obj any) { v.set(obj, false) },
+	}
+}
+
+func (v *ValidatorModes) set(obj any, present bool) {
+	if tomb, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	why := ""
+	if ok, reason := inject.ImageVolumes(node.Status.NodeInfo); !ok {
+		why = reason
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	before, known := v.nodes[node.Name]
+	switch {
+	case !present && !known, present && known && before == why:
+		return // nothing the decision depends on changed
+	case !present:
+		delete(v.nodes, node.Name)
+	default:
+		v.nodes[node.Name] = why
+	}
+	if known && before != "" {
+		v.without--
+	}
+	if present && why != "" {
+		v.without++
+	}
+	v.decideLocked()
+}
+
+// decideLocked decides again; v.mu is held (or v is not shared yet).
+func (v *ValidatorModes) decideLocked() {
+	c := inject.Cluster{APIServerVersion: v.apiServer, Nodes: len(v.nodes)}
+	for name, why := range v.nodes {
+		if len(c.WithoutImageVolumes) == v.without {
+			break
+		}
+		if why != "" {
+			c.WithoutImageVolumes = append(c.WithoutImageVolumes, name+": "+why)
+		}
+	}
+	d := inject.ResolveValidatorMode(v.cfg, c)
+	last := v.decision.Load()
+	if last != nil && *last == d {
+		return
+	}
+	v.decision.Store(&d)
+	level := slog.LevelInfo
+	if last != nil && last.Mode == d.Mode {
+		level = slog.LevelDebug // the same mode, a new count of nodes in its reason
+	}
+	v.log.Log(context.Background(), level, "validator mode", "mode", d.Mode, "reason", d.Reason, "configured", v.cfg.Validator.Mode)
+	if v.gauge != nil {
+		for _, m := range []annotations.ValidatorModeValue{annotations.ValidatorInitContainer, annotations.ValidatorImageVolume} {
+			value := 0.0
+			if m == d.Mode {
+				value = 1
+			}
+			v.gauge.WithLabelValues(string(m)).Set(value)
+		}
+	}
+}
+
+// nodeVersions is the cache's transform for Nodes: of a Node it keeps its name and the
+// kubelet's and runtime's versions, nothing of the rest (its images, conditions, labels), so
+// that a large cluster's nodes cost the webhook little memory.
+func nodeVersions(obj any) (any, error) {
+	node, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, ResourceVersion: node.ResourceVersion},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{
+			KubeletVersion: node.Status.NodeInfo.KubeletVersion, ContainerRuntimeVersion: node.Status.NodeInfo.ContainerRuntimeVersion,
+		}},
+	}, nil
+}

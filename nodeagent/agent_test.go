@@ -734,6 +734,7 @@ func TestNodeReadiness(t *testing.T) {
 			{Key: annotations.CNINotReadyTaint, Value: "true", Effect: corev1.TaintEffectNoSchedule},
 			{Key: annotations.CNINotReadyTaint, Effect: corev1.TaintEffectNoExecute},
 		}},
+		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: "v1.37.2", ContainerRuntimeVersion: "containerd://2.4.2"}},
 	}
 	client := fake.NewClientset(node)
 	// The first patch meets a concurrent change: the agent reads again and retries.
@@ -767,7 +768,8 @@ func TestNodeReadiness(t *testing.T) {
 	if len(got.Spec.Taints) != 1 || got.Spec.Taints[0].Key != "node.kubernetes.io/not-ready" {
 		t.Errorf("taints %v, want only node.kubernetes.io/not-ready", got.Spec.Taints)
 	}
-	if got.Labels[annotations.CNIReadyLabel] != "true" || got.Labels["zone"] != "a" {
+	// The node mounts image volumes (kubelet 1.37, containerd 2.4): labelled in the same patch.
+	if got.Labels[annotations.CNIReadyLabel] != "true" || got.Labels["zone"] != "a" || got.Labels[annotations.ImageVolumesLabel] != "true" {
 		t.Errorf("labels %v", got.Labels)
 	}
 	if len(patches) != 2 || !strings.Contains(patches[0], `"resourceVersion":"7"`) {
@@ -793,7 +795,9 @@ func TestNodeReadiness(t *testing.T) {
 		}
 	}
 	got, _ = client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
-	if _, ok := got.Labels[annotations.CNIReadyLabel]; ok || got.Labels["zone"] != "a" || len(got.Spec.Taints) != 1 {
+	// The image volumes label describes the node's software: it stays (the kubelet admits the
+	// running pods that select it again when it restarts).
+	if _, ok := got.Labels[annotations.CNIReadyLabel]; ok || got.Labels["zone"] != "a" || got.Labels[annotations.ImageVolumesLabel] != "true" || len(got.Spec.Taints) != 1 {
 		t.Errorf("without the config: labels %v taints %v; want the ready label gone, the rest kept", got.Labels, got.Spec.Taints)
 	}
 	if len(patches) != 3 {

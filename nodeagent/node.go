@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 )
 
 // nodeReadiness marks the agent's node ready for injected pods. It never adds the startup
@@ -22,8 +23,9 @@ type nodeReadiness struct {
 	taint  string
 }
 
-// markReady removes every taint with the startup key (any effect) and sets the ready label and
-// the boot ID it holds for (annotations.CNIReadyBootAnnotation), in one merge patch that carries the node's resourceVersion: if the node changed since it was
+// markReady removes every taint with the startup key (any effect) and sets the ready label, the
+// boot ID it holds for (annotations.CNIReadyBootAnnotation) and the image volumes label, in one
+// merge patch that carries the node's resourceVersion: if the node changed since it was
 // read (another controller edited its taints), the API server refuses it and it is retried on
 // a fresh read, so no one else's change is lost. It reports whether it patched.
 func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
@@ -40,13 +42,22 @@ func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
 			}
 		}
 		boot := node.Status.NodeInfo.BootID
+		// The image volumes label follows the node's software, not detour's readiness: it is
+		// only ever removed from a node that can no longer mount image volumes (see
+		// annotations.ImageVolumesLabel).
+		var imageVolumes any
+		if ok, _ := inject.ImageVolumes(node.Status.NodeInfo); ok {
+			imageVolumes = "true"
+		}
+		_, labelled := node.Labels[annotations.ImageVolumesLabel]
 		if len(taints) == len(node.Spec.Taints) && node.Labels[annotations.CNIReadyLabel] == "true" &&
-			(boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot) {
+			(boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot) &&
+			labelled == (imageVolumes != nil) {
 			return nil
 		}
 		meta := map[string]any{
 			"resourceVersion": node.ResourceVersion,
-			"labels":          map[string]any{annotations.CNIReadyLabel: "true"},
+			"labels":          map[string]any{annotations.CNIReadyLabel: "true", annotations.ImageVolumesLabel: imageVolumes},
 		}
 		if boot != "" {
 			// This boot's readiness: a label left from before a reboot is told apart by it.

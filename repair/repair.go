@@ -107,30 +107,18 @@ func ownerKind(ref *metav1.OwnerReference) string {
 }
 
 // NeedsRepair reports whether pod is an injected pod, not being deleted and not terminal, whose
-// validator terminated with [validator.ExitNoRedirect] — in its current state, or in its last
-// one while it waits to restart (Init:CrashLoopBackOff). A validator that since exited
-// otherwise (it passed after a new sandbox), or that is running again (it may pass), is not a
-// failure; neither is a Failed or Succeeded pod, which its controller already replaced or which
-// is done.
+// validator check terminated with [validator.ExitNoRedirect] — in its current state, or in its
+// last one while it waits to restart (Init:CrashLoopBackOff) — in the detour-validator init
+// container or at the start of the detour-proxy container ([validator.LastFailure]). A check that
+// since passed (after a new sandbox), or that is running again (it may pass), is not a failure;
+// neither is a Failed or Succeeded pod, which its controller already replaced or which is done.
 func NeedsRepair(pod *corev1.Pod) bool {
 	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) ||
 		pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
 		return false
 	}
-	for _, s := range pod.Status.InitContainerStatuses {
-		if s.Name != annotations.ValidatorContainer {
-			continue
-		}
-		if t := s.State.Terminated; t != nil {
-			return t.ExitCode == validator.ExitNoRedirect
-		}
-		if s.State.Running != nil {
-			return false
-		}
-		t := s.LastTerminationState.Terminated
-		return t != nil && t.ExitCode == validator.ExitNoRedirect
-	}
-	return false
+	code, running, failed := validator.LastFailure(pod)
+	return failed && !running && code == validator.ExitNoRedirect
 }
 
 // Controller repairs the pods of one node.
@@ -525,7 +513,7 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 	c.saveBackoff(ctx)
 	c.metrics.PodsDeleted.Inc()
 	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
-		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)
+		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)
 	c.log.Info("deleted pod so its controller recreates it", "pod", pod.Namespace+"/"+pod.Name, "uid", uid, "owner", owner.Kind+"/"+owner.Name)
 	c.event(ctx, pod, "Delete", msg)
 	return nil
@@ -536,7 +524,7 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 // the deletion against its backoffLimit.
 func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. ",
-		annotations.ValidatorContainer, validator.ExitNoRedirect, c.cfg.NodeName)
+		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName)
 	skip := SkipNoController
 	switch ref := metav1.GetControllerOf(pod); {
 	case ref == nil:
@@ -574,7 +562,7 @@ func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg str
 		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", prefix, now.UnixNano()), Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
-			FieldPath: "spec.initContainers{" + annotations.ValidatorContainer + "}",
+			FieldPath: "spec.initContainers{" + validator.CheckContainer(pod) + "}",
 		},
 		Reason:              EventReason,
 		Message:             msg,

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/validator"
 )
 
 var injected = annotations.Redirect{Version: "v0.1.0", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}.Annotations()
@@ -95,6 +96,22 @@ func TestNeedsRepair(t *testing.T) {
 		{"being deleted", func(p *corev1.Pod) { p.DeletionTimestamp = &now }, false},
 		{"another init container", func(p *corev1.Pod) { p.Status.InitContainerStatuses[0].Name = "migrate" }, false},
 		{"no status yet", func(p *corev1.Pod) { p.Status.InitContainerStatuses = nil }, false},
+		// Issue 21: the check at the proxy's start (detour.dev/validator: image-volume) fails the
+		// proxy container with the validator's code and message; the proxy's own exits do not count.
+		{"the proxy's check: crash loop after 42", folded(noRedirect), true},
+		{"the proxy's check: terminated 42 now", func(p *corev1.Pod) {
+			folded(noRedirect)(p)
+			p.Status.InitContainerStatuses[0].State, p.Status.InitContainerStatuses[0].LastTerminationState = p.Status.InitContainerStatuses[0].LastTerminationState, corev1.ContainerState{}
+		}, true},
+		{"the proxy's check: the proxy runs", func(p *corev1.Pod) {
+			folded(noRedirect)(p)
+			p.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+		}, false},
+		{"the proxy's own exit 42 after it started", folded("redirect in place: …\n" + validator.StartedMarker + "/usr/bin/proxy\nproxy: fatal\n"), false},
+		{"the proxy's own exit 42 without detour's message", folded("proxy: fatal\n"), false},
+		{"the validator container of a folded pod", func(p *corev1.Pod) {
+			p.Annotations[annotations.Validator] = string(annotations.ValidatorImageVolume)
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := failedPod("p", nil)
@@ -103,6 +120,19 @@ func TestNeedsRepair(t *testing.T) {
 				t.Errorf("NeedsRepair = %v, want %v", got, tc.want)
 			}
 		})
+	}
+}
+
+// noRedirect is the log's end of a check at the proxy's start that found no redirect.
+const noRedirect = "detour: no redirect in this pod's network namespace: expected connections to 203.0.113.254:80 to be redirected to port 4140 of this pod, but …\n"
+
+// folded makes the pod's check run at its proxy's start, which exited 42 with message.
+func folded(message string) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		p.Annotations[annotations.Validator] = string(annotations.ValidatorImageVolume)
+		last := terminated(42)
+		last.Terminated.Message = message
+		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: annotations.ProxyContainer, State: waiting(), LastTerminationState: last, RestartCount: 2}}
 	}
 }
 

@@ -155,7 +155,7 @@ func New(client kubernetes.Interface, opts ...Option) *Checker {
 var CheckNames = []string{
 	"kubernetes-api", "detour-namespace", "webhook-config", "webhook-endpoints", "webhook-certificate",
 	"webhook-admission", "webhook-deployment", "node-agent", "startup-taint", "ready-label", "opted-in-namespaces",
-	"uninjected-pods", "validator", "repair", "version-skew",
+	"uninjected-pods", "validator-mode", "validator", "repair", "version-skew",
 }
 
 // Run runs every check. When the API server cannot be reached, or detour's namespace is not
@@ -193,6 +193,7 @@ func (c *Checker) Run(ctx context.Context) Report {
 	r.add(c.checkReadyLabel(s))
 	r.add(c.checkNamespaces(s))
 	r.add(c.checkUninjected(s))
+	r.add(c.checkValidatorMode(ctx, s))
 	r.add(c.checkValidators(s))
 	r.add(c.checkRepair(ctx))
 	r.add(c.checkVersionSkew(ctx, s))

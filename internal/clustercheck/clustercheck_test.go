@@ -19,6 +19,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/version"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/utils/ptr"
@@ -144,6 +146,20 @@ func newFixture(caPEM []byte, now time.Time) *fixture {
 	return f
 }
 
+// foldingConfig is a webhook configuration whose check can run in the proxy's start.
+const foldingConfig = "proxy:\n  image: proxy:v1\n  command: [proxy]\n  startupProbe: {tcpSocket: {port: 4191}}\nvalidator:\n  image: " + image + "\n"
+
+func nodeInfo(kubelet string) corev1.NodeSystemInfo {
+	return corev1.NodeSystemInfo{KubeletVersion: kubelet, ContainerRuntimeVersion: "containerd://2.4.2"}
+}
+
+// serverVersion makes the fake API server report version v.
+func serverVersion(v string) func(*fake.Clientset) {
+	return func(c *fake.Clientset) {
+		c.Discovery().(*fakediscovery.FakeDiscovery).FakedServerVersion = &version.Info{GitVersion: v}
+	}
+}
+
 // injectedPod is an injected pod whose validator exited with code (0: passed).
 func injectedPod(namespace, name string, code int32) *corev1.Pod {
 	return &corev1.Pod{
@@ -248,6 +264,7 @@ func TestCheckCluster(t *testing.T) {
 			"ready-label":         {OK, "carries detour.dev/cni-ready=true"},
 			"opted-in-namespaces": {OK, "1 namespace opted in (shop); 1 injected pod"},
 			"uninjected-pods":     {OK, "every pod of an opted-in namespace is injected"},
+			"validator-mode":      {OK, "the validator's check runs as the detour-validator init container: proxy.command is not set"},
 			"validator":           {OK, "no injected pod's validator is failing (1 injected pod)"},
 			"repair":              {OK, "no pod in the last 1h0m0s"},
 			"version-skew":        {OK, "webhook, node agent (install-cni), node agent (repair), validator run one image, " + image},
@@ -481,6 +498,43 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"repair": {Warning, "in the last 1h0m0s the repair controller deleted 1 pod and annotated 1 bare pod: shop/web-1 on node-a (deleted 5m0s ago), shop/bare on node-a (annotated 10m0s ago)"}}},
+		// Issue 21: where the check runs, and why, from the webhook's own configuration and the
+		// nodes' versions and labels.
+		{name: "the check in the proxy's start", change: func(f *fixture) {
+			f.cm.Data["config.yaml"] = foldingConfig
+			for _, n := range f.nodes {
+				n.Status.NodeInfo = nodeInfo("v1.37.2")
+				n.Labels[annotations.ImageVolumesLabel] = "true"
+			}
+		}, client: serverVersion("v1.37.2"), want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator-mode": {OK, "the validator's check runs at the start of the detour-proxy container (image volume): every node (2) mounts image volumes"}}},
+		{name: "a node that cannot mount image volumes", change: func(f *fixture) {
+			f.cm.Data["config.yaml"] = foldingConfig
+			f.nodes[0].Status.NodeInfo, f.nodes[1].Status.NodeInfo = nodeInfo("v1.37.2"), nodeInfo("v1.34.3")
+			f.nodes[0].Labels[annotations.ImageVolumesLabel] = "true"
+		}, client: serverVersion("v1.37.2"), want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator-mode": {OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: node-b: the kubelet v1.34.3 has image volumes off by default"}}},
+		{name: "image-volume pinned, a node not labelled", change: func(f *fixture) {
+			f.cm.Data["config.yaml"] = foldingConfig + "  mode: image-volume\n"
+			f.nodes[0].Status.NodeInfo, f.nodes[1].Status.NodeInfo = nodeInfo("v1.37.2"), nodeInfo("v1.37.2")
+			f.nodes[0].Labels[annotations.ImageVolumesLabel] = "true"
+		}, client: serverVersion("v1.37.2"), want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator-mode": {Warning, "its pods run only on nodes labelled detour.dev/image-volumes=true, and 1 nodes are not: node-b"}}},
+		{name: "the proxy's check failed", change: func(f *fixture) {
+			p := f.objects[2].(*corev1.Pod)
+			p.Annotations[annotations.Validator] = "image-volume"
+			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: annotations.ProxyContainer, LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: 42, Message: "detour: no redirect in this pod's network namespace: …"}}}}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator": {Error, "the validator of 1 injected pod failed: shop/web-1 on node-a (exit 42, no redirect)"}}},
 		{name: "version skew", change: func(f *fixture) { f.ds.Spec.Template.Spec.Containers[1].Image = "ghcr.io/detourmesh/detour:v0.2.0" }, want: map[string]struct {
 			status Status
 			msg    string

@@ -92,23 +92,12 @@ func (c *Checker) checkUninjected(s *state) Result {
 			"finished ones (a Job's) have nothing to recreate: they ran outside the mesh, so look at what they did, then delete them"}
 }
 
-// validatorExit returns the exit code of pod's validator when it failed and has not passed
-// since: in its current state, or in its last one while it waits to run again.
+// validatorExit returns the exit code of pod's validator check when its last run failed and has
+// not passed since (validator.LastFailure): a check that finds no redirect spends its whole
+// timeout running, so a run under way does not hide the last one's result.
 func validatorExit(p *corev1.Pod) (int32, bool) {
-	for _, s := range p.Status.InitContainerStatuses {
-		if s.Name != annotations.ValidatorContainer {
-			continue
-		}
-		if t := s.State.Terminated; t != nil {
-			return t.ExitCode, t.ExitCode != 0
-		}
-		// Waiting to restart, or running again: the last run's result is the pod's state
-		// (a validator that finds no redirect spends its whole timeout running).
-		if t := s.LastTerminationState.Terminated; t != nil {
-			return t.ExitCode, t.ExitCode != 0
-		}
-	}
-	return 0, false
+	code, _, failed := validator.LastFailure(p)
+	return code, failed
 }
 
 var exitMeanings = map[int32]string{
@@ -155,7 +144,7 @@ func (c *Checker) checkValidators(s *state) Result {
 		fix = append(fix, fmt.Sprintf("exit %d: the pod's network namespace has no redirect because it started before detour's CNI config was on its node; the repair controller deletes controller-owned pods once the node carries %s=true, and annotates bare pods (%s) for you to delete and recreate", validator.ExitNoRedirect, ReadyLabel, repair.RecreateAnnotation))
 	}
 	if noRedirect < len(failed) {
-		fix = append(fix, fmt.Sprintf("other codes: kubectl -n NS logs POD -c %s says what failed (docs/validator.md)", annotations.ValidatorContainer))
+		fix = append(fix, fmt.Sprintf("other codes: kubectl -n NS logs POD -c %s (or -c %s where the check runs in the proxy's start) says what failed (docs/validator.md)", annotations.ValidatorContainer, annotations.ProxyContainer))
 	}
 	if bare > 0 {
 		fix = append(fix, fmt.Sprintf("%s %s: kubectl delete pod, then create it again", plural(bare, "bare pod"), verb(bare, "waits", "wait")))

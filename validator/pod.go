@@ -38,13 +38,20 @@ func LastFailure(pod *corev1.Pod) (code int32, running, failed bool) {
 		if t == nil {
 			t = s.LastTerminationState.Terminated
 		}
-		if t == nil || t.ExitCode == 0 {
-			return 0, s.State.Running != nil, false
-		}
-		if name == annotations.ProxyContainer && (strings.Contains(t.Message, StartedMarker) || !strings.Contains(t.Message, "detour: ")) {
+		if !CheckFailed(name, t) {
 			return 0, s.State.Running != nil, false
 		}
 		return t.ExitCode, s.State.Running != nil, true
 	}
 	return 0, false, false
+}
+
+// CheckFailed reports whether t, a termination of container (the one [CheckContainer] names),
+// is a failed run of the check: any failure of the validator container; at the proxy's start,
+// one whose message is detour's and whose proxy never started.
+func CheckFailed(container string, t *corev1.ContainerStateTerminated) bool {
+	if t == nil || t.ExitCode == 0 {
+		return false
+	}
+	return container != annotations.ProxyContainer || !strings.Contains(t.Message, StartedMarker) && strings.Contains(t.Message, "detour: ")
 }

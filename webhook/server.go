@@ -160,8 +160,9 @@ func Run(ctx context.Context, o Options) error {
 	if cfg.Proxy.StartupProbe == nil && (cfg.SidecarMode == inject.SidecarNative || cfg.SidecarMode == inject.SidecarAuto && native) {
 		log.Warn("proxy.startupProbe is not set: in native sidecar mode the init containers may start before the proxy listens")
 	}
-	if d := inject.ResolveValidatorMode(&cfg, inject.Cluster{APIServerVersion: serverVersion}); cfg.Validator.Mode == annotations.ValidatorAuto && d.Mode == annotations.ValidatorInitContainer {
-		// What auto can never pick with this configuration or API server, whatever the nodes.
+	// With one node that mounts image volumes: what auto can never pick with this configuration
+	// or API server, whatever the nodes.
+	if d := inject.ResolveValidatorMode(&cfg, inject.Cluster{APIServerVersion: serverVersion, Nodes: 1}); cfg.Validator.Mode == annotations.ValidatorAuto && d.Mode == annotations.ValidatorInitContainer {
 		log.Info("validator mode auto: the validator runs as an init container", "reason", d.Reason)
 	}
 

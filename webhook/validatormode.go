@@ -32,6 +32,9 @@ type ValidatorModes struct {
 	nodes    map[string]string // name → why it cannot mount image volumes; "" when it can
 	without  int
 	decision atomic.Pointer[inject.ValidatorDecision]
+	// announced: a decision was logged at info level (the first one with nodes is, whatever
+	// its mode).
+	announced bool
 }
 
 // NewValidatorModes returns the decision for cfg on an API server of version apiServer, before
@@ -104,8 +107,13 @@ func (v *ValidatorModes) decideLocked() {
 	}
 	v.decision.Store(&d)
 	level := slog.LevelInfo
-	if last != nil && last.Mode == d.Mode {
+	switch {
+	case len(v.nodes) == 0 && v.cfg.Validator.Mode == annotations.ValidatorAuto:
+		level = slog.LevelDebug // before the node cache has anything: not a decision yet
+	case last != nil && last.Mode == d.Mode && v.announced:
 		level = slog.LevelDebug // the same mode, a new count of nodes in its reason
+	default:
+		v.announced = true
 	}
 	v.log.Log(context.Background(), level, "validator mode", "mode", d.Mode, "reason", d.Reason, "configured", v.cfg.Validator.Mode)
 	if v.gauge != nil {

@@ -219,7 +219,7 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 	if err == nil {
 		t.Errorf("kubectl annotate of %s succeeded; want the ValidatingAdmissionPolicy's refusal", annotations.ExemptUIDs)
 	}
-	wantLine(t, "annotate", stderr, `ValidatingAdmissionPolicy 'detour-webhook-annotations' with binding 'detour-webhook-annotations' denied request: the detour.dev/ annotations the detour webhook writes (injected, proxy-*, redirect-*, exempt-*, init-egress-status) cannot be changed after the pod is created; recreate the pod (for example kubectl rollout restart) to change its redirect`)
+	wantLine(t, "annotate", stderr, `ValidatingAdmissionPolicy 'detour-webhook-annotations' with binding 'detour-webhook-annotations' denied request: the detour.dev/ annotations the detour webhook writes (injected, proxy-*, redirect-*, exempt-*, init-egress-status, validator) cannot be changed after the pod is created; recreate the pod (for example kubectl rollout restart) to change its redirect`)
 	if p, err := e.node.Client.CoreV1().Pods(badAdmittedNS).Get(ctx, "forged", metav1.GetOptions{}); err != nil || p.Annotations[annotations.ExemptUIDs] != "1500" {
 		t.Errorf("forged: after the refused annotate, %s is %q (%v)", annotations.ExemptUIDs, p.Annotations[annotations.ExemptUIDs], err)
 	}

@@ -11,65 +11,103 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/utils/ptr"
 )
 
-// BenchmarkPodStartLatency measures, on the real node, how long a pod takes from its
-// creation to Ready — an init container that dials out, an app, and the test proxy — with
-// detour (an opted-in namespace: the webhook injects the validator and the proxy, detour-cni
-// installs the redirect) and without (a namespace that is not opted in, the same proxy added
-// as a plain container). The two kinds alternate, one pod at a time, so that both see the same
-// machine. It prints p50 and p99 of each (make bench-e2e; docs/benchmarks.md).
+// BenchmarkPodStartLatency measures, on the real node, how long a pod takes from its creation
+// to Ready — an init container that dials out, an app, and the test proxy with its startup probe
+// (period 1 s) — in four forms, one pod of each in turn so that all see the same machine:
+//
+//  1. no detour, the proxy a native sidecar (the mesh without detour: the baseline);
+//  2. detour with the validator init container (what CNI-mode meshes pay today);
+//  3. detour with the check at the proxy's start (validator.mode image-volume);
+//  4. no detour, the proxy a regular container (for reference).
+//
+// It prints p50 and p99 of each and the differences to the baseline (make bench-e2e;
+// docs/benchmarks.md).
 func BenchmarkPodStartLatency(b *testing.B) {
 	e := setUp(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	ctx, cancel := testContext(b, e.node, 40*time.Minute)
 	defer cancel()
 	e.ensureInstalled(b, ctx)
 	n := 30
 	if v := os.Getenv("DETOUR_E2E_BENCH_PODS"); v != "" {
 		fmt.Sscan(v, &n)
 	}
-	e.namespace(b, ctx, "bench-detour", true)
+	rows := []struct {
+		name, ns string
+		plain    func(*corev1.Pod) // adds the proxy by hand; nil: detour injects it
+		took     []time.Duration
+	}{
+		{name: "1. no detour, the proxy a native sidecar (baseline)", ns: "bench-plain", plain: e.nativeProxy},
+		{name: "2. detour, the validator init container", ns: "bench-init"},
+		{name: "3. detour, the check at the proxy's start", ns: "bench-fold"},
+		{name: "4. no detour, the proxy a regular container", ns: "bench-plain", plain: e.regularProxy},
+	}
 	e.namespace(b, ctx, "bench-plain", false)
-	var with, without []time.Duration
+	e.namespace(b, ctx, "bench-fold", true)
+	e.namespace(b, ctx, "bench-init", true)
+	if _, err := e.node.Client.CoreV1().Namespaces().Patch(ctx, "bench-init", "application/merge-patch+json",
+		[]byte(`{"metadata":{"annotations":{"detour.dev/validator-mode":"init-container"}}}`), metav1.PatchOptions{}); err != nil {
+		b.Fatal(err)
+	}
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		with, without = with[:0], without[:0]
 		for j := 0; j < n; j++ {
-			d, err := e.podStart(ctx, "bench-detour", fmt.Sprintf("p%d-%d", i, j), false)
-			if err != nil {
-				b.Fatal(err)
+			for k := range rows {
+				d, err := e.podStart(ctx, rows[k].ns, fmt.Sprintf("p%d-%d-%d", i, j, k), rows[k].plain)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rows[k].took = append(rows[k].took, d)
 			}
-			with = append(with, d)
-			d, err = e.podStart(ctx, "bench-plain", fmt.Sprintf("p%d-%d", i, j), true)
-			if err != nil {
-				b.Fatal(err)
-			}
-			without = append(without, d)
 		}
 	}
 	b.StopTimer()
-	p50w, p99w := percentiles(with)
-	p50o, p99o := percentiles(without)
-	b.ReportMetric(float64(p50w.Milliseconds()), "p50-detour-ms")
-	b.ReportMetric(float64(p50o.Milliseconds()), "p50-plain-ms")
-	b.ReportMetric(float64((p50w - p50o).Milliseconds()), "p50-added-ms")
+	base, _ := percentiles(rows[0].took)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "\npods (creation → Ready, %d each)\tp50\tp99\n", n)
-	fmt.Fprintf(tw, "with detour (injected, rules by detour-cni)\t%s\t%s\n", p50w.Round(time.Millisecond), p99w.Round(time.Millisecond))
-	fmt.Fprintf(tw, "without detour (same proxy, not injected)\t%s\t%s\n", p50o.Round(time.Millisecond), p99o.Round(time.Millisecond))
-	fmt.Fprintf(tw, "added by detour\t%s\t%s\n", (p50w - p50o).Round(time.Millisecond), (p99w - p99o).Round(time.Millisecond))
+	fmt.Fprintf(tw, "\npods (creation → Ready, %d each, alternating)\tp50\tp99\tp50 − row 1\n", n)
+	for _, r := range rows {
+		p50, p99 := percentiles(r.took)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%+dms\n", r.name, p50.Round(time.Millisecond), p99.Round(time.Millisecond), (p50 - base).Milliseconds())
+		b.ReportMetric(float64(p50.Milliseconds()), "p50-row"+r.name[:1]+"-ms")
+	}
 	tw.Flush()
 }
 
-// podStart creates one pod and returns the time from the create call to the watch event
-// that shows it Ready; the pod is deleted afterwards. plain adds the test proxy by hand.
-func (e *env) podStart(ctx context.Context, ns, name string, plain bool) (time.Duration, error) {
+// nativeProxy and regularProxy add the test proxy by hand, as the webhook would add it (same
+// image, command, user and startup probe) but without detour: a native sidecar, or a regular
+// container.
+func (e *env) nativeProxy(p *corev1.Pod) {
+	c := e.plainProxy()
+	c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
+	p.Spec.InitContainers = append([]corev1.Container{c}, p.Spec.InitContainers...)
+}
+
+func (e *env) regularProxy(p *corev1.Pod) {
+	p.Spec.Containers = append(p.Spec.Containers, e.plainProxy())
+}
+
+func (e *env) plainProxy() corev1.Container {
+	return corev1.Container{
+		Name: "proxy", Image: e.art.refs.Proxy, ImagePullPolicy: corev1.PullNever, Command: []string{"testproxy"},
+		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](2102)},
+		StartupProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(4191)}},
+			PeriodSeconds: 1, FailureThreshold: 30,
+		},
+	}
+}
+
+// podStart creates one pod (plain adds the proxy by hand, else the webhook injects it) and
+// returns the time from the create call to the watch event that shows it Ready; the pod is
+// deleted afterwards.
+func (e *env) podStart(ctx context.Context, ns, name string, plain func(*corev1.Pod)) (time.Duration, error) {
 	pod := e.pod(name, ns)
-	if plain {
-		pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{
-			Name: "proxy", Image: e.art.refs.Proxy, ImagePullPolicy: corev1.PullNever,
-		})
+	if plain != nil {
+		plain(pod)
 	}
 	pods := e.node.Client.CoreV1().Pods(ns)
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})

@@ -94,7 +94,7 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *env) {
 		t.Fatal(err)
 	}
 	p := e.waitReady(t, ctx, "dropin", "name=rewritten", 1)[0]
-	if code := initExit(&p, "detour-validator"); code != 0 {
+	if code := checkExit(&p); code != 0 {
 		t.Errorf("pod rewritten: the validator exited %d, want 0", code)
 	}
 	e.assertCaptured(t, ctx, p, "rewritten")
@@ -179,10 +179,10 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 					if p, err = pods.Get(ctx, name, metav1.GetOptions{}); err != nil {
 						return false, err
 					}
-					return initExit(p, "detour-validator") >= 0, seen("pod phase %s, init containers %+v", p.Status.Phase, p.Status.InitContainerStatuses)
+					return checkExit(p) >= 0, seen("pod phase %s, init containers %+v", p.Status.Phase, p.Status.InitContainerStatuses)
 				})
 				res.pods++
-				if initExit(p, "detour-validator") != 0 {
+				if checkExit(p) != 0 {
 					res.failed++
 				}
 				if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {

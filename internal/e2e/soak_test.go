@@ -134,6 +134,8 @@ type soakPod struct {
 	ns, name, kind string
 	created        time.Time
 	injected       bool
+	// folded: its validator check runs at the proxy's start (detour.dev/validator: image-volume).
+	folded bool
 }
 
 // caughtPod is a pod whose validator exited 42: when the soak saw it, and the validator's
@@ -568,14 +570,16 @@ func (s *soak) lister(ns, selector string) []*corev1.Pod {
 	return out
 }
 
-// validatorFailure returns the exit code and message of the validator's last failed run.
+// validatorFailure returns the exit code and message of the check's last failed run, in the
+// validator container or at the proxy's start (validator.CheckFailed).
 func validatorFailure(p *corev1.Pod) (int32, string, bool) {
+	name := validator.CheckContainer(p)
 	for _, st := range p.Status.InitContainerStatuses {
-		if st.Name != annotations.ValidatorContainer {
+		if st.Name != name {
 			continue
 		}
 		for _, term := range []*corev1.ContainerStateTerminated{st.State.Terminated, st.LastTerminationState.Terminated} {
-			if term != nil && term.ExitCode != 0 {
+			if validator.CheckFailed(name, term) {
 				return term.ExitCode, strings.TrimSpace(term.Message), true
 			}
 		}
@@ -583,12 +587,15 @@ func validatorFailure(p *corev1.Pod) (int32, string, bool) {
 	return 0, "", false
 }
 
-// validatorPassed returns the container ID of the validator's run that passed, in the pod's
-// current sandbox.
+// validatorPassed returns the container ID of the check's run that passed, in the pod's current
+// sandbox: the validator container that exited 0, or the proxy that started after its check.
 func validatorPassed(p *corev1.Pod) (string, bool) {
 	for _, st := range p.Status.InitContainerStatuses {
-		if st.Name == annotations.ValidatorContainer && st.State.Terminated != nil && st.State.Terminated.ExitCode == 0 {
+		switch {
+		case st.Name == annotations.ValidatorContainer && !folded(p) && st.State.Terminated != nil && st.State.Terminated.ExitCode == 0:
 			return st.State.Terminated.ContainerID, st.State.Terminated.ContainerID != ""
+		case st.Name == annotations.ProxyContainer && folded(p) && st.State.Running != nil && st.Started != nil && *st.Started:
+			return st.ContainerID, st.ContainerID != ""
 		}
 	}
 	return "", false
@@ -624,7 +631,7 @@ func (s *soak) observe(obj any) {
 	defer s.mu.Unlock()
 	sp := s.seen[p.UID]
 	if sp == nil {
-		sp = &soakPod{ns: p.Namespace, name: p.Name, kind: p.Labels[soakLabel], created: p.CreationTimestamp.Time, injected: annotations.IsInjected(p.Annotations)}
+		sp = &soakPod{ns: p.Namespace, name: p.Name, kind: p.Labels[soakLabel], created: p.CreationTimestamp.Time, injected: annotations.IsInjected(p.Annotations), folded: folded(p)}
 		s.seen[p.UID] = sp
 		if !sp.injected {
 			s.uninjected[p.UID] = p.Namespace + "/" + p.Name
@@ -792,9 +799,12 @@ func (s *soak) finish(ctx context.Context) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	kinds := map[string]int{}
+	kinds, foldedPods := map[string]int{}, 0
 	for _, sp := range s.seen {
 		kinds[sp.kind]++
+		if sp.folded {
+			foldedPods++
+		}
 	}
 	verdicts := map[string]int{}
 	var unverified []string
@@ -839,6 +849,7 @@ func (s *soak) finish(ctx context.Context) {
 	rows := [][3]string{
 		{"soak", fmt.Sprintf("%s, seed %d, cniConfigMode %s, %d faults", time.Since(s.start).Round(time.Second), s.cfg.seed, s.cfg.configMode, len(s.faults)), ""},
 		{"pods created", fmt.Sprintf("%d (%d in waves, %d of Jobs, %d bare)", len(s.seen), kinds[kindWave], kinds[kindJob], kinds[kindBare]), "≥ 300 in the long form"},
+		{"of them with the validator's check at the proxy's start (validator.mode auto)", fmt.Sprint(foldedPods), ""},
 		{"capture checks (a real connection per Ready sandbox; the proxy's log per completed Job pod)", fmt.Sprintf("%d captured, %d unverified", verdicts["captured"], verdicts["unverified"]), ""},
 		{"pods whose app ran without the redirect while their validator passed", fmt.Sprint(len(s.bypassed)), "must be 0"},
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/validator"
 )
 
 // TestE2E runs the user stories on the real node, in the order a cluster lives them. Each
@@ -40,6 +41,9 @@ func TestE2E(t *testing.T) {
 		{"seed003/demo-container-mode", seed003Demo},
 		{"seed003/image-users-keep-egress", seed003ImageUsers},
 		{"seed003/native-sidecar-job", seed003NativeJob},
+		{"validator/in-the-proxys-start", validatorInTheProxysStart},
+		{"validator/debug-container-captured", validatorDebugContainer},
+		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
 		{"seed003/user-namespaces", seed003UserNamespaces},
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},
@@ -169,7 +173,7 @@ func seed000Startup(t *testing.T, ctx context.Context, e *env) {
 		if !annotations.IsInjected(p.Annotations) {
 			t.Errorf("pod %s is not injected: %v", p.Name, p.Annotations)
 		}
-		if code := initExit(&p, "detour-validator"); code != 0 {
+		if code := checkExit(&p); code != 0 {
 			t.Errorf("pod %s: the validator exited %d, want 0", p.Name, code)
 		}
 	}
@@ -243,7 +247,7 @@ func seed003UserNamespaces(t *testing.T, ctx context.Context, e *env) {
 	if p.Spec.HostUsers == nil || *p.Spec.HostUsers {
 		t.Fatalf("the pod runs with hostUsers %v, want false", p.Spec.HostUsers)
 	}
-	if code := initExit(&p, "detour-validator"); code != 0 {
+	if code := checkExit(&p); code != 0 {
 		t.Errorf("the validator exited %d, want 0", code)
 	}
 	e.assertCaptured(t, ctx, p, "userns")
@@ -283,12 +287,11 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
 		t.Fatalf("the Job's pod: %v (%d pods)", err, len(pods))
 	}
 	p := pods[0]
-	if first := p.Spec.InitContainers[0].Name; first != "detour-validator" {
-		t.Errorf("first init container %s, want detour-validator", first)
-	}
-	proxy := p.Spec.InitContainers[1]
-	if proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Errorf("second init container %s (restartPolicy %v), want the native detour-proxy", proxy.Name, proxy.RestartPolicy)
+	// The validator's check ran at the proxy's start (validator.mode auto on this node): the
+	// proxy is the first init container, and nothing of the check keeps the Job alive.
+	proxy := p.Spec.InitContainers[0]
+	if !folded(&p) || proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("first init container %s (restartPolicy %v, detour.dev/validator %q), want the native detour-proxy running the check", proxy.Name, proxy.RestartPolicy, p.Annotations[annotations.Validator])
 	}
 	// Both the init container's and the app's dial went through the proxy.
 	if log := e.logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.server) < 2 {
@@ -482,12 +485,28 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 		}
 		failed = map[string]string{}
 		for _, p := range pods {
-			if initExit(&p, "detour-validator") == 42 {
+			if checkExit(&p) == 42 {
 				failed[p.Name] = string(p.UID)
 			}
 		}
 		return len(failed) == 2, seen("validators failed with 42: %v; pods:\n%s", failed, e.describe(ctx, "late"))
 	})
+	// Caught at the proxy's start (validator.mode auto): the sidecar exited with the validator's
+	// code and message, and the app never ran (fail closed).
+	pods, err := e.pods(ctx, "late", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pods {
+		if !folded(&p) {
+			t.Errorf("pod %s: the check ran in %s, want the proxy's start", p.Name, validator.CheckContainer(&p))
+		}
+		for _, c := range p.Status.ContainerStatuses {
+			if c.State.Running != nil || c.State.Terminated != nil || c.LastTerminationState.Terminated != nil {
+				t.Errorf("pod %s: container %s ran although its proxy's check found no redirect: %s", p.Name, c.Name, containerStates(&p))
+			}
+		}
+	}
 
 	// `detour check --cluster` sees the broken node: no agent, two failed validators.
 	report, exitNonZero := e.checkCluster(t, ctx)
@@ -504,7 +523,7 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 	if _, stale := failed[replaced.Name]; stale {
 		t.Errorf("the Deployment's pod %s was not recreated", replaced.Name)
 	}
-	if code := initExit(&replaced, "detour-validator"); code != 0 {
+	if code := checkExit(&replaced); code != 0 {
 		t.Errorf("the recreated pod's validator exited %d", code)
 	}
 	waitFor(t, ctx, "repair to annotate the bare pod", time.Minute, func() (bool, error) {
@@ -585,7 +604,7 @@ func installManifest(t *testing.T, ctx context.Context, e *env) {
 	if !annotations.IsInjected(p.Annotations) {
 		t.Errorf("pod m is not injected: %v", p.Annotations)
 	}
-	if code := initExit(&p, "detour-validator"); code != 0 {
+	if code := checkExit(&p); code != 0 {
 		t.Errorf("pod m: the validator exited %d, want 0", code)
 	}
 	e.assertCaptured(t, ctx, p, "m")

@@ -1,0 +1,200 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/clustercheck"
+	"github.com/detourmesh/detour/validator"
+)
+
+// The stories of issue 21: the validator's check runs at the proxy's start on this node
+// (kubelet 1.37, containerd 2.4: image volumes; the e2e configuration names the proxy's command
+// and startup probe), with no validator container, and the init container comes back where a
+// node cannot mount image volumes.
+
+// validatorInTheProxysStart: an injected pod has no validator container; its proxy, first of
+// its init containers, mounts detour's image, runs the check as the proxy's UID and execs the
+// test proxy, whose log shows both; its traffic is captured both ways. The webhook and detour
+// check --cluster say where the check runs and why.
+func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *env) {
+	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if node.Labels[annotations.ImageVolumesLabel] != "true" {
+		t.Fatalf("node %s labels %v: the agent did not label it %s=true (kubelet %s, runtime %s)", NodeName, node.Labels,
+			annotations.ImageVolumesLabel, node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion)
+	}
+	e.namespace(t, ctx, "fold", true)
+	if _, err := e.node.Client.CoreV1().Pods("fold").Create(ctx, e.pod("web", "fold"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.waitReady(t, ctx, "fold", "name=web", 1)[0]
+	if !folded(&p) {
+		t.Fatalf("detour.dev/validator is %q, want image-volume", p.Annotations[annotations.Validator])
+	}
+	names := containerNames(p.Spec.InitContainers)
+	if slices.Contains(names, annotations.ValidatorContainer) || names[0] != annotations.ProxyContainer {
+		t.Errorf("init containers %v, want the proxy first and no validator", names)
+	}
+	proxy := p.Spec.InitContainers[0]
+	if proxy.Command[0] != inject.ValidatorBinary || !slices.Equal(proxy.Args, []string{"testproxy"}) {
+		t.Errorf("proxy command %q args %q", proxy.Command, proxy.Args)
+	}
+	if i := slices.IndexFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == annotations.ValidatorVolume }); i < 0 ||
+		p.Spec.Volumes[i].Image == nil || p.Spec.Volumes[i].Image.Reference != e.art.repo+":"+e.art.tag {
+		t.Errorf("volumes %+v, want detour's image %s:%s as an image volume", p.Spec.Volumes, e.art.repo, e.art.tag)
+	}
+	if code := checkExit(&p); code != 0 {
+		t.Errorf("the check exited %d, want 0", code)
+	}
+	log := e.logs(ctx, "fold", "web", annotations.ProxyContainer)
+	for _, want := range []string{
+		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4140",
+		validator.StartedMarker + "testproxy",
+		"proxy outbound listening",
+	} {
+		if !strings.Contains(log, want) {
+			t.Errorf("the proxy's log lacks %q:\n%s", want, log)
+		}
+	}
+	e.assertCaptured(t, ctx, p, "web")
+
+	if log := e.webhookLog(t, ctx); !lineWith(log, `"validator mode"`, `"image-volume"`, "every node (1) mounts image volumes") {
+		t.Errorf("the webhook's log does not say it runs the check in the proxy's start, and why:\n%s", tail(log, 20))
+	}
+	report, _ := e.checkCluster(t, ctx)
+	wantCheck(t, report, "validator-mode", clustercheck.OK, "runs at the start of the detour-proxy container (image volume): every node (1) mounts image volumes")
+}
+
+// validatorDebugContainer: `kubectl debug` adds an ephemeral container to a pod whose check ran
+// in its proxy's start: its connection is captured like the app's (the proxy carries it).
+func validatorDebugContainer(t *testing.T, ctx context.Context, e *env) {
+	before := strings.Count(e.logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.server)
+	out, errOut, err := e.node.Kubectl(ctx, "-n", "fold", "debug", "web", "--image", e.art.refs.Workload,
+		"--image-pull-policy", "Never", "--container", "debugger", "--", "/usr/local/bin/workload", "dial", "-must", "-addr", e.server)
+	if err != nil {
+		t.Fatalf("kubectl debug: %v\n%s%s", err, out, errOut)
+	}
+	waitFor(t, ctx, "the debug container to finish", time.Minute, func() (bool, error) {
+		p, err := e.node.Client.CoreV1().Pods("fold").Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		for _, s := range p.Status.EphemeralContainerStatuses {
+			if s.Name == "debugger" && s.State.Terminated != nil {
+				if s.State.Terminated.ExitCode != 0 {
+					return false, fmt.Errorf("the debug container's dial failed: exit %d", s.State.Terminated.ExitCode)
+				}
+				return true, nil
+			}
+		}
+		return false, seen("ephemeral containers %+v", p.Status.EphemeralContainerStatuses)
+	})
+	if after := strings.Count(e.logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.server); after != before+1 {
+		t.Errorf("the proxy carried %d connections to %s after the debug container's dial, %d before: want one more", after, e.server, before)
+	}
+}
+
+// validatorWhereImageVolumesAreNotPossible: a node whose kubelet cannot mount image volumes
+// joins (a Node object reporting kubelet 1.34): the webhook goes back to the validator init
+// container for new pods, says why in its log, and detour check --cluster names the node; once
+// the node is gone, new pods run the check in the proxy's start again.
+func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context, e *env) {
+	nodes := e.node.Client.CoreV1().Nodes()
+	old := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "e2e-old-node", Labels: map[string]string{"kubernetes.io/os": "linux"}},
+		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "e2e.detour.dev/no-kubelet", Effect: corev1.TaintEffectNoSchedule}}}}
+	if _, err := nodes.Create(ctx, old, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := nodes.Delete(context.Background(), old.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("delete node %s: %v", old.Name, err)
+		}
+	}()
+	// The controller manager updates a new node too (its taints, its CIDR): retry on conflict.
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := nodes.Get(ctx, old.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Status.NodeInfo = corev1.NodeSystemInfo{KubeletVersion: "v1.34.3", ContainerRuntimeVersion: "containerd://2.4.2"}
+		_, err = nodes.UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.waitDryRunValidator(t, ctx, annotations.ValidatorInitContainer)
+	// Logged when the mode changed: the node, created without versions, counted as unable at once.
+	if log := e.webhookLog(t, ctx); !lineWith(log, `"validator mode"`, `"init-container"`, "1 of 2 nodes cannot mount image volumes: e2e-old-node: ") {
+		t.Errorf("the webhook's log does not say why it went back to the init container:\n%s", tail(log, 20))
+	}
+	report, _ := e.checkCluster(t, ctx)
+	wantCheck(t, report, "validator-mode", clustercheck.OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: e2e-old-node: the kubelet v1.34.3")
+
+	if err := nodes.Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDryRunValidator(t, ctx, annotations.ValidatorImageVolume)
+}
+
+// waitDryRunValidator waits until a pod created in namespace fold (dry run: nothing is stored or
+// runs) comes back from the webhook with its check where want says.
+func (e *env) waitDryRunValidator(t testing.TB, ctx context.Context, want annotations.ValidatorModeValue) {
+	t.Helper()
+	waitFor(t, ctx, "the webhook to put the check in "+string(want), time.Minute, func() (bool, error) {
+		pod := e.pod("probe", "fold")
+		got, err := e.node.Client.CoreV1().Pods("fold").Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, err
+		}
+		mode := annotations.ValidatorModeValue(got.Annotations[annotations.Validator])
+		hasValidator := slices.Contains(containerNames(got.Spec.InitContainers), annotations.ValidatorContainer)
+		return mode == want && hasValidator == (want == annotations.ValidatorInitContainer), seen("detour.dev/validator %q, init containers %v", mode, containerNames(got.Spec.InitContainers))
+	})
+}
+
+// webhookLog is the log of the webhook's pods.
+func (e *env) webhookLog(t testing.TB, ctx context.Context) string {
+	t.Helper()
+	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, p := range pods.Items {
+		b.WriteString(e.logs(ctx, detourNamespace, p.Name, "webhook"))
+	}
+	return b.String()
+}
+
+func containerNames(cs []corev1.Container) []string {
+	names := make([]string, len(cs))
+	for i, c := range cs {
+		names[i] = c.Name
+	}
+	return names
+}
+
+// lineWith reports whether a line of log holds every one of parts.
+func lineWith(log string, parts ...string) bool {
+	for line := range strings.Lines(log) {
+		if !slices.ContainsFunc(parts, func(p string) bool { return !strings.Contains(line, p) }) {
+			return true
+		}
+	}
+	return false
+}

@@ -114,6 +114,23 @@ func installRedirect(t *testing.T, ns *testenv.NetNS, families ...iptables.Famil
 	}
 }
 
+// applyRedirect installs the rules of an injected pod's redirect in ns, both families, as
+// detour-cni does.
+func applyRedirect(t *testing.T, ns *testenv.NetNS, r annotations.Redirect) {
+	t.Helper()
+	var rulesets []iptables.Ruleset
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // validate runs `detour validate args...` in ns as id; the deadline only stops a hung child.
 func validate(t *testing.T, ns *testenv.NetNS, id testenv.Identity, args ...string) testenv.ChildResult {
 	t.Helper()
@@ -254,17 +271,7 @@ func TestIntegrationValidatorPassesWhateverTheSkipLists(t *testing.T) {
 			if !tc.sentinels {
 				r.Sentinels = nil
 			}
-			var rulesets []iptables.Ruleset
-			for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-				rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
-				if err != nil {
-					t.Fatal(err)
-				}
-				rulesets = append(rulesets, rs)
-			}
-			if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
-				t.Fatal(err)
-			}
+			applyRedirect(t, ns, r)
 			res := validate(t, ns, validatorID, command[2:]...)
 			if res.ExitCode != tc.want {
 				t.Fatalf("%v: exit code %d, want %d; stdout %q, stderr %q", command, res.ExitCode, tc.want, res.Stdout, res.Stderr)
@@ -327,17 +334,7 @@ func TestIntegrationValidatorInTheProxysStart(t *testing.T) {
 	script := `echo "pid $$"; echo "arg1 [$1]"; echo "arg2 [$2]"; echo "env [$PROBE]"; exit 7`
 	proxy, r := foldedProxy(t, script, "two words", "--config=/etc/proxy.yaml")
 	ns := podNamespace(t, true)
-	var rulesets []iptables.Ruleset
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rulesets = append(rulesets, rs)
-	}
-	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
-		t.Fatal(err)
-	}
+	applyRedirect(t, ns, r)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 

@@ -138,6 +138,10 @@ func (p *Plugin) end(c *call, err error) error {
 	if c.conf != nil {
 		level = c.conf.LogLevel
 	}
+	if c.cmd == "ADD" && p.StateDir != "" {
+		// Counting is best effort: a state directory it cannot write must not fail the pod.
+		_ = RecordAdd(p.StateDir, addResult(c.decision, err), time.Since(c.start))
+	}
 	// The runtime asks for STATUS every few seconds: an outcome already logged goes to debug.
 	quiet := c.cmd == "STATUS" && !p.statusChanged(c, err)
 	lineLevel := slog.LevelInfo

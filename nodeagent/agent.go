@@ -72,6 +72,9 @@ type Agent struct {
 	// passes counts the reconcile passes Run has finished (tests wait on it).
 	passes atomic.Int64
 
+	// metrics are the agent's counters (Register exposes them).
+	metrics *metrics
+
 	mu     sync.Mutex
 	status Status
 }
@@ -140,6 +143,7 @@ func New(cfg Config, opts ...Option) *Agent {
 		now:      time.Now,
 		fraction: DefaultTokenRefreshFraction,
 		status:   Status{Reason: "starting"},
+		metrics:  newMetrics(),
 
 		beforeReplace: func() {},
 	}
@@ -156,6 +160,7 @@ func New(cfg Config, opts ...Option) *Agent {
 		a.tokens = &pluginTokens{
 			client: a.client, namespace: cfg.PluginServiceAccountNamespace, name: cfg.PluginServiceAccount,
 			ttl: cfg.PluginTokenTTL, fraction: a.fraction, now: a.now, log: a.log,
+			failures: a.metrics.tokenFailures,
 		}
 	}
 	return a
@@ -256,6 +261,9 @@ func (a *Agent) Reconcile(ctx context.Context) (Status, error) {
 	s, err := a.reconcile(ctx)
 	if err != nil {
 		s.Reason = err.Error()
+		if ctx.Err() == nil {
+			a.metrics.reconcileErrors.WithLabelValues(errorReason(err)).Inc()
+		}
 	}
 	a.setStatus(s)
 	if _, refused := errors.AsType[*refusedError](err); refused && s.Reason != before.Reason && a.node != nil {
@@ -279,7 +287,7 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 		if !prev.NodeReady {
 			patched, err := a.node.markReady(ctx)
 			if err != nil {
-				return s, fmt.Errorf("mark node %s ready: %w", a.node.name, err)
+				return s, withReason(ReasonNodeAPI, fmt.Errorf("mark node %s ready: %w", a.node.name, err))
 			}
 			if patched {
 				a.log.Info("node ready for injected pods", "node", a.node.name, "removedTaint", a.node.taint, "label", "detour.dev/cni-ready=true")
@@ -296,7 +304,7 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 		if !a.labelRemoved {
 			removed, uerr := a.node.unmarkReady(ctx)
 			if uerr != nil {
-				return s, errors.Join(err, fmt.Errorf("remove node %s's ready label: %w", a.node.name, uerr))
+				return s, errors.Join(err, withReason(ReasonNodeAPI, fmt.Errorf("remove node %s's ready label: %w", a.node.name, uerr)))
 			}
 			if removed {
 				a.log.Warn("removed the node's ready label: detour's entry is not in place", "node", a.node.name, "label", annotations.CNIReadyLabel, "reason", cmp.Or(errString(err), s.Reason))
@@ -343,6 +351,13 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	if err != nil {
 		return s, fmt.Errorf("read the primary CNI configuration: %w", err)
 	}
+	a.metrics.sawPrimary(primary, data)
+	defer func() {
+		// What the agent leaves in the primary's file is not a rewrite at the next pass.
+		if now, err := os.ReadFile(s.Primary); err == nil {
+			a.metrics.leftPrimary(s.Primary, now)
+		}
+	}()
 	// A file the runtime cannot load either is not touched: the primary may be writing it.
 	list, err := LoadNetwork(primary, data)
 	if err != nil {
@@ -392,6 +407,7 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	// need no token, the kubeconfig and token an earlier agent wrote stay in place and keep
 	// working until they expire, and any other pod fails closed and is retried.
 	wrote, expires, kubeconfigErr := a.ensureKubeconfig(ctx)
+	kubeconfigErr = withReason(ReasonPluginCredentials, kubeconfigErr)
 	if wrote {
 		a.log.Info("wrote the plugin's kubeconfig and token", "kubeconfig", a.cfg.KubeconfigPath, "token", a.cfg.TokenPath)
 	}

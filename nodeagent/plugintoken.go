@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,8 @@ type pluginTokens struct {
 	fraction        float64
 	now             func() time.Time
 	log             *slog.Logger
+	// failures counts failed requests (detour_node_plugin_token_refresh_failures_total).
+	failures prometheus.Counter
 
 	token     []byte
 	expires   time.Time // the token's expirationTimestamp, as the API server returned it
@@ -76,6 +79,9 @@ func (p *pluginTokens) get(ctx context.Context) ([]byte, time.Time, error) {
 	if err := p.request(ctx, now); err != nil {
 		if ctx.Err() != nil {
 			return nil, time.Time{}, err
+		}
+		if p.failures != nil {
+			p.failures.Inc()
 		}
 		if p.backoff == 0 {
 			p.backoff = tokenRetryMin

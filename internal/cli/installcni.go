@@ -4,12 +4,19 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/detourmesh/detour/cniplugin"
 	"github.com/detourmesh/detour/nodeagent"
 )
 
@@ -56,10 +63,15 @@ type installCNIOptions struct {
 	uninstall  bool
 	hold       bool
 	healthAddr string
-	kubeconfig string
-	logs       logFlags
-	podName    string
-	podNS      string
+	// metricsAddr serves /metrics (with the probes when it equals healthAddr); mergeFrom are
+	// other endpoints whose detour_* metrics it serves too; statsFile is the plugin's ADD counts.
+	metricsAddr string
+	mergeFrom   []string
+	statsFile   string
+	kubeconfig  string
+	logs        logFlags
+	podName     string
+	podNS       string
 }
 
 func (o *installCNIOptions) addFlags(fl *pflag.FlagSet) {
@@ -88,6 +100,9 @@ func (o *installCNIOptions) addFlags(fl *pflag.FlagSet) {
 	fl.DurationVar(&o.f.Resync, "resync-interval", o.f.Resync, "how often the agent checks everything even without a file event")
 	fl.StringVar(&o.healthAddr, "health-probe-bind-address", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&o.healthAddr, "health-addr", ":9641", "address of the probes")
+	fl.StringVar(&o.metricsAddr, "metrics-bind-address", ":9641", `address of the Prometheus /metrics endpoint (one server with the probes when it is the same address); "" disables it`)
+	fl.StringSliceVar(&o.mergeFrom, "merge-metrics-from", nil, "http URLs of other /metrics endpoints on the node whose detour_* metrics /metrics serves too (the chart: the repair controller's), so that one scrape covers the pod")
+	fl.StringVar(&o.statsFile, "plugin-stats-file", defaultStatsFile, "the plugin's ADD counts ("+cniplugin.StatsFileName+" in its state directory "+cniplugin.DefaultStateDir+" on the host, as mounted in the agent's container), served as detour_cni_add_duration_seconds; \"\" serves none")
 	deprecate(fl, "health-addr", "health-probe-bind-address")
 	fl.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig of the agent's own API client (default $KUBECONFIG, else the pod's service account)")
 	o.logs.add(fl, "text") // the agent's own logs; --plugin-log-level is the plugin's
@@ -125,7 +140,11 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 		}
 		return nil
 	}
-	stop, err := serveHTTP(log, endpoint{o.healthAddr, agent.Handler()})
+	endpoints, err := o.endpoints(agent, log)
+	if err != nil {
+		return err
+	}
+	stop, err := serveHTTP(log, endpoints...)
 	if err != nil {
 		return err
 	}
@@ -138,6 +157,41 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 	}
 	logTokenSource(log, cfg)
 	return agent.Run(cmd.Context())
+}
+
+// defaultStatsFile is the plugin's stats file as the chart mounts the host's /run/detour-cni.
+var defaultStatsFile = filepath.Join("/host", cniplugin.DefaultStateDir, cniplugin.StatsFileName)
+
+// endpoints are the agent's HTTP endpoints: the probes and /metrics, on one address or two.
+func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, log *slog.Logger) ([]endpoint, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := agent.Register(reg, o.statsFile); err != nil {
+		return nil, err
+	}
+	gatherers := prometheus.Gatherers{reg}
+	for _, raw := range o.mergeFrom {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("--merge-metrics-from %q is not an http(s) URL: give the other endpoint's full URL, such as http://127.0.0.1:9642/metrics", raw)
+		}
+		gatherers = append(gatherers, nodeagent.RemoteGatherer(raw))
+	}
+	// An endpoint that cannot be merged (the repair controller restarting) leaves the agent's own
+	// metrics served, and is logged.
+	metrics := promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{
+		ErrorHandling: promhttp.ContinueOnError,
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	})
+	if o.metricsAddr == o.healthAddr {
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics)
+		mux.Handle("/", agent.Handler())
+		return []endpoint{{o.healthAddr, mux}}, nil
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
+	return []endpoint{{o.healthAddr, agent.Handler()}, {o.metricsAddr, mux}}, nil
 }
 
 // newAgent builds the node agent with its API client; only an agent that keeps the node's

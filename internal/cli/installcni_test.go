@@ -1,10 +1,15 @@
 package cli
 
 import (
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/spf13/cobra"
+
+	"github.com/detourmesh/detour/nodeagent"
 )
 
 // --hold without --uninstall is refused before anything else happens (no node name, no API
@@ -47,8 +52,8 @@ func TestOperationsFlags(t *testing.T) {
 			map[string]string{"metrics-bind-address": ":8080", "health-probe-bind-address": ":8081", "log-level": "info", "log-format": "json"}, nil},
 		{newInstallCNICommand, []string{"--health-addr=:1234", "--log-file=/var/log/cni.log"},
 			map[string]string{"health-probe-bind-address": ":1234", "plugin-log-file": "/var/log/cni.log"},
-			map[string]string{"health-probe-bind-address": ":9641", "log-level": "info", "log-format": "text", "plugin-log-level": "info", "plugin-log-file": ""},
-			[]string{"metrics-bind-address"}}, // the agent has no metrics
+			map[string]string{"health-probe-bind-address": ":9641", "metrics-bind-address": ":9641", "log-level": "info", "log-format": "text", "plugin-log-level": "info", "plugin-log-file": ""},
+			nil},
 		{newRepairCommand, []string{"--http-addr=:4321"},
 			map[string]string{"metrics-bind-address": ":4321", "health-probe-bind-address": ":4321"},
 			map[string]string{"metrics-bind-address": ":9642", "health-probe-bind-address": ":9642", "log-level": "info", "log-format": "text"}, nil},
@@ -78,5 +83,30 @@ func TestOperationsFlags(t *testing.T) {
 				t.Errorf("%s --%s is not marked deprecated", cmd.Name(), name)
 			}
 		}
+	}
+}
+
+// On one address the agent serves its probes and /metrics; a --merge-metrics-from that is not
+// a URL is refused with the flag's name.
+func TestInstallCNIEndpoints(t *testing.T) {
+	o := &installCNIOptions{f: nodeagent.DefaultFlags(), healthAddr: ":0", metricsAddr: ":0"}
+	agent := nodeagent.New(nodeagent.Config{})
+	eps, err := o.endpoints(agent, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != 1 {
+		t.Fatalf("%d endpoints on one address, want 1", len(eps))
+	}
+	for path, want := range map[string]string{"/metrics": "detour_node_ready 0", "/readyz": "starting"} {
+		rec := httptest.NewRecorder()
+		eps[0].h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		if !strings.Contains(rec.Body.String(), want) {
+			t.Errorf("GET %s = %d %q, want %q in it", path, rec.Code, rec.Body.String(), want)
+		}
+	}
+	o = &installCNIOptions{healthAddr: ":1", metricsAddr: ":2", mergeFrom: []string{"127.0.0.1:9642"}}
+	if _, err := o.endpoints(nodeagent.New(nodeagent.Config{}), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--merge-metrics-from") {
+		t.Errorf("a merge address without a scheme: %v, want an error naming --merge-metrics-from", err)
 	}
 }

@@ -349,6 +349,8 @@ func TestIntegrationRBAC(t *testing.T) {
 		{sa: "detour-node-agent", verb: "delete", resource: "pods", ns: "shop", allowed: true},
 		{sa: "detour-node-agent", verb: "watch", resource: "pods", ns: "shop", allowed: true},
 		{sa: "detour-node-agent", verb: "create", resource: "events", ns: "shop", allowed: true},
+		{sa: "detour-node-agent", verb: "watch", resource: "namespaces", allowed: true},
+		{sa: "detour-node-agent", verb: "update", resource: "namespaces", name: "shop", allowed: false},
 		{sa: "detour-node-agent", verb: "create", resource: "serviceaccounts", sub: "token", name: "detour-cni", ns: ns, allowed: true},
 		{sa: "detour-node-agent", verb: "create", resource: "serviceaccounts", sub: "token", name: "detour-webhook", ns: ns, allowed: false},
 		{sa: "detour-node-agent", verb: "get", resource: "secrets", ns: ns, allowed: false},

@@ -6,6 +6,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/detourmesh/detour/annotations"
 )
 
 // Label values of the metrics.
@@ -122,4 +126,72 @@ func (c *Controller) addHealth(mux *http.ServeMux) {
 		}
 		fmt.Fprintln(w, "ok")
 	})
+}
+
+// Pod states, the values of detour_repair_pods' state label.
+const (
+	// StateInjected: an injected pod (detour's annotations), running or starting.
+	StateInjected = "injected"
+	// StateCaught: an injected pod whose validator found no redirect and that is not repaired
+	// yet (a subset of injected).
+	StateCaught = "caught"
+	// StateUninjected: a pod that opted in (its own detour.dev/inject or its namespace's) but
+	// runs without injection: created while the webhook was down under failurePolicy Ignore,
+	// or before its namespace opted in.
+	StateUninjected = "uninjected"
+)
+
+var descPods = prometheus.NewDesc("detour_repair_pods",
+	"This node's pods (not terminal, not in the host network) by state: injected; caught (injected, the validator found no redirect, not repaired yet); uninjected (opted in by its own or its namespace's detour.dev/inject, but without injection: admitted while the webhook was unreachable, or created before the namespace opted in).",
+	[]string{"state"}, nil)
+
+// Collector returns the gauge of the node's pods by state, read from the controller's caches at
+// each scrape; it exposes nothing until both caches have synced.
+func (c *Controller) Collector() prometheus.Collector { return podStates{c} }
+
+type podStates struct{ c *Controller }
+
+func (p podStates) Describe(ch chan<- *prometheus.Desc) { ch <- descPods }
+
+func (p podStates) Collect(ch chan<- prometheus.Metric) {
+	if !p.c.synced() || !p.c.nsSynced() {
+		return
+	}
+	pods, err := p.c.pods.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	counts := map[string]float64{StateInjected: 0, StateCaught: 0, StateUninjected: 0}
+	for _, pod := range pods {
+		if pod.Spec.HostNetwork || pod.DeletionTimestamp != nil ||
+			pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		switch {
+		case annotations.IsInjected(pod.Annotations):
+			counts[StateInjected]++
+			if NeedsRepair(pod) {
+				counts[StateCaught]++
+			}
+		case p.c.optedIn(pod):
+			counts[StateUninjected]++
+		}
+	}
+	for _, state := range []string{StateInjected, StateCaught, StateUninjected} {
+		ch <- prometheus.MustNewConstMetric(descPods, prometheus.GaugeValue, counts[state], state)
+	}
+}
+
+// optedIn reports whether pod asks for injection: its own detour.dev/inject, else its
+// namespace's.
+func (c *Controller) optedIn(pod *corev1.Pod) bool {
+	v, ok := pod.Annotations[annotations.Inject]
+	if !ok {
+		ns, err := c.namespaces.Get(pod.Namespace)
+		if err != nil {
+			return false
+		}
+		v = ns.Annotations[annotations.Inject]
+	}
+	return v == string(annotations.InjectEnabled)
 }

@@ -132,7 +132,12 @@ type Controller struct {
 	factory informers.SharedInformerFactory
 	pods    corelisters.PodLister
 	synced  cache.InformerSynced
-	now     func() time.Time
+	// nsFactory and namespaces cache the cluster's namespaces (their opt-in annotation), for
+	// the pods-by-state gauge; nsSynced reports when that cache is filled.
+	nsFactory  informers.SharedInformerFactory
+	namespaces corelisters.NamespaceLister
+	nsSynced   cache.InformerSynced
+	now        func() time.Time
 
 	mu        sync.Mutex
 	seen      map[types.UID]bool // pods counted in pods_seen
@@ -217,6 +222,17 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) (*Controller, 
 		return nil, fmt.Errorf("watch the node's pods: %w", err)
 	}
 	c.pods, c.synced = podInformer.Lister(), inf.HasSynced
+	c.nsFactory = informers.NewSharedInformerFactory(client, 0)
+	nsInformer := c.nsFactory.Core().V1().Namespaces()
+	if err := nsInformer.Informer().SetTransform(func(obj any) (any, error) {
+		if ns, ok := obj.(*corev1.Namespace); ok {
+			ns.ManagedFields = nil
+		}
+		return obj, nil
+	}); err != nil {
+		return nil, fmt.Errorf("set up the namespace informer: %w", err)
+	}
+	c.namespaces, c.nsSynced = nsInformer.Lister(), nsInformer.Informer().HasSynced
 	return c, nil
 }
 
@@ -250,6 +266,8 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
 	c.factory.Start(ctx.Done())
 	defer c.factory.Shutdown()
+	c.nsFactory.Start(ctx.Done())
+	defer c.nsFactory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced) {
 		if ctx.Err() != nil {
 			return nil

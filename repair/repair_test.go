@@ -625,3 +625,76 @@ func TestSyncWaitsForThisBootsReadiness(t *testing.T) {
 		t.Fatalf("sync once this boot is marked = %v, %d deletes", err, len(f.actions("delete")))
 	}
 }
+
+// detour_repair_pods counts the node's pods by state, from the caches: injected, caught
+// (injected, no redirect), and uninjected though opted in (by the pod or its namespace).
+func TestPodStates(t *testing.T) {
+	pod := func(name, ns string, annots map[string]string, mutate ...func(*corev1.Pod)) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), Annotations: annots},
+			Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+		for _, m := range mutate {
+			m(p)
+		}
+		return p
+	}
+	enabled := map[string]string{annotations.Inject: "enabled"}
+	objs := []runtime.Object{
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, // not ready: nothing is repaired
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Annotations: enabled}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}},
+		pod("meshed", "shop", injected),
+		failedPod("caught", nil),
+		pod("missed", "shop", nil),
+		pod("opted-out", "shop", map[string]string{annotations.Inject: "disabled"}),
+		pod("own-opt-in", "plain", enabled),
+		pod("plain", "plain", nil),
+		pod("host", "shop", nil, func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
+		pod("done", "shop", nil, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+	}
+	client := fake.NewClientset(objs...)
+	flags := DefaultFlags()
+	flags.NodeName = "node-1"
+	cfg, _ := flags.Parse()
+	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c.Collector())
+	if families, err := reg.Gather(); err != nil || len(families) != 0 {
+		t.Fatalf("before the caches synced: %v, %v; want nothing", families, err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	want := map[string]float64{StateInjected: 2, StateCaught: 1, StateUninjected: 2}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		got := map[string]float64{}
+		families, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range families {
+			for _, m := range f.GetMetric() {
+				got[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+			}
+		}
+		if len(got) > 0 {
+			for state, n := range want {
+				if got[state] != n {
+					t.Errorf("detour_repair_pods{state=%q} = %v, want %v", state, got[state], n)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the caches did not sync")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

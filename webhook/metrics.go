@@ -1,8 +1,11 @@
 package webhook
 
 import (
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -124,4 +127,32 @@ func (m *Metrics) observe(outcome string, d time.Duration, res *inject.Result) {
 			m.refused.Inc()
 		}
 	}
+}
+
+var descCertExpiry = prometheus.NewDesc("detour_webhook_certificate_expiry_timestamp_seconds",
+	"When the serving certificate the webhook reads from its certificate directory expires (Unix time): detour's own or cert-manager's.", nil, nil)
+
+// CertificateExpiry returns a collector of the expiry of the PEM certificate at path (its first
+// block, the serving certificate), read at each scrape: a rotated certificate shows at once. It
+// exposes nothing while the file is missing or not a certificate.
+func CertificateExpiry(path string) prometheus.Collector { return certExpiry{path} }
+
+type certExpiry struct{ path string }
+
+func (c certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- descCertExpiry }
+
+func (c certExpiry) Collect(ch chan<- prometheus.Metric) {
+	data, err := os.ReadFile(c.path)
+	if err != nil {
+		return
+	}
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(descCertExpiry, prometheus.GaugeValue, float64(cert.NotAfter.Unix()))
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -184,6 +185,9 @@ func Run(ctx context.Context, o Options) error {
 	}
 	m, err := NewMetrics(reg)
 	if err != nil {
+		return fmt.Errorf("run webhook: %w", err)
+	}
+	if _, err := register(reg, CertificateExpiry(filepath.Join(o.CertDir, cmp.Or(o.CertName, "tls.crt")))); err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	modes := NewValidatorModes(&cfg, serverVersion, log.With("component", "validator-mode"), m.validatorMode)

@@ -54,6 +54,7 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 			if err != nil {
 				return err
 			}
+			reg.MustRegister(ctrl.Collector())
 			endpoints := []endpoint{{metricsAddr, ctrl.Handler(reg)}}
 			if healthAddr != metricsAddr {
 				endpoints = []endpoint{{metricsAddr, repair.MetricsHandler(reg)}, {healthAddr, ctrl.HealthHandler()}}

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Builds the binaries the integration tests, the real-node tests and the demo run — the
 # Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-# kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI plugins and
-# helm — each from its own Go module (pinned in hack/tools/*/go.mod), and caches them by version
+# kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI plugins,
+# helm, and Prometheus' server and promtool (with the Prometheus Operator's CRDs) — each from
+# its own Go module (pinned in hack/tools/*/go.mod), and caches them by version
 # under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
 # of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
 # beside it).
 #
 # With DETOUR_BINARIES=control-plane only what the integration tests need is built
-# (kube-apiserver, etcd, the CNI plugins, helm).
+# (kube-apiserver, etcd, the CNI plugins, helm, promtool, Prometheus and the operator's CRDs).
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -29,7 +30,9 @@ plugins=$(module_version "$root/hack/tools/cni-plugins/go.mod" github.com/contai
 helm=$(module_version "$root/hack/tools/helm/go.mod" helm.sh/helm/v3)
 containerd=$(module_version "$root/hack/tools/containerd/go.mod" github.com/containerd/containerd/v2)
 runc=$(module_version "$root/hack/tools/runc/go.mod" github.com/opencontainers/runc)
-for v in api kube etcd plugins helm containerd runc; do
+prometheus=$(module_version "$root/hack/tools/prometheus/go.mod" github.com/prometheus/prometheus)
+operator=$(module_version "$root/hack/tools/prometheus-operator/go.mod" github.com/prometheus-operator/prometheus-operator)
+for v in api kube etcd plugins helm containerd runc prometheus operator; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
 # k8s.io/api v0.X.Y goes with Kubernetes v1.X.Y.
@@ -106,6 +109,22 @@ for p in main/bridge main/loopback ipam/host-local; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
 build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
+# promtool tests the alert rules (manifests); the Prometheus server scrapes the real node and
+# evaluates them (internal/e2e), with only the Kubernetes service discovery compiled in.
+pv="-X github.com/prometheus/common/version.Version=${prometheus#v}"
+build promtool "$prometheus" prometheus github.com/prometheus/prometheus/cmd/promtool "$pv"
+TAGS="remove_all_sd enable_kubernetes_sd" build prometheus "$prometheus" prometheus github.com/prometheus/prometheus/cmd/prometheus "$pv"
+# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
+crds="$bin/prometheus-operator-crds-$operator"
+if [ ! -d "$crds" ]; then
+	dir=$(cd "$root/hack/tools/prometheus-operator" && go mod download -json github.com/prometheus-operator/prometheus-operator | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+	[ -n "$dir" ] || { echo "test-binaries: cannot download github.com/prometheus-operator/prometheus-operator $operator" >&2; exit 1; }
+	mkdir -p "$crds.tmp"
+	cp "$dir"/example/prometheus-operator-crd/*.yaml "$crds.tmp/"
+	chmod -R u+w "$crds.tmp"
+	mv "$crds.tmp" "$crds"
+fi
+ln -sfn "prometheus-operator-crds-$operator" "$bin/prometheus-operator-crds"
 if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	ctrd=github.com/containerd/containerd/v2
 	for c in containerd ctr containerd-shim-runc-v2; do

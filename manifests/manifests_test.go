@@ -13,17 +13,22 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	admissionv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -53,7 +58,13 @@ var valueSets = map[string][]string{
 	"cert-manager": {"webhook.certificates.mode=cert-manager"},
 	"uninstall":    {"nodeAgent.uninstall=true", "nodeAgent.repair.enabled=false"},
 	"strict":       {"webhook.failurePolicy=Fail", "webhook.replicas=3", "webhook.config.conflictPolicy=deny", "nodeAgent.plugin.logFile=/var/log/detour-cni.log"},
+	"monitoring": {"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
+		"metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true",
+		"metrics.prometheusRule.alerts.DetourNodeNotReady.for=30m"},
 }
+
+// monitoringKinds are the objects only metrics.* values add.
+var monitoringKinds = []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"}
 
 func helm(t *testing.T, args ...string) []byte {
 	t.Helper()
@@ -135,6 +146,13 @@ func TestHelmLintAndTemplate(t *testing.T) {
 			objs := objects(t, render(t, sets))
 			if len(objs) < 10 {
 				t.Fatalf("rendered only %d objects", len(objs))
+			}
+			// The monitors, the rules and the dashboard only when asked for (off by default).
+			for _, kind := range monitoringKinds {
+				has := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind })
+				if has != (name == "monitoring") {
+					t.Errorf("%s rendered: %v", kind, has)
+				}
 			}
 
 			// The webhook's configuration in the ConfigMap is one the real webhook accepts.
@@ -306,6 +324,9 @@ func TestIntegrationServerSideDryRun(t *testing.T) {
 	if _, err := nsAPI.Create(ctx, ns, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// The monitoring objects are checked against the Prometheus Operator's own schemas.
+	installCRDs(t, ctx, dyn, "servicemonitors", "podmonitors", "prometheusrules")
+	mapper.Reset()
 	for name, sets := range valueSets {
 		t.Run(name, func(t *testing.T) {
 			for _, o := range objects(t, render(t, sets)) {
@@ -330,6 +351,44 @@ func TestIntegrationServerSideDryRun(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// installCRDs creates the Prometheus Operator's CustomResourceDefinitions of resources (from
+// its module, cached by hack/test-binaries.sh) and waits until they are established.
+func installCRDs(t *testing.T, ctx context.Context, dyn dynamic.Interface, resources ...string) {
+	t.Helper()
+	dir := testenv.Binary(t, "prometheus-operator-crds")
+	crds := dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+	for _, r := range resources {
+		data, err := os.ReadFile(filepath.Join(dir, "monitoring.coreos.com_"+r+".yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var crd unstructured.Unstructured
+		if err := yaml.Unmarshal(data, &crd.Object); err != nil {
+			t.Fatalf("parse the %s CRD: %v", r, err)
+		}
+		if _, err := crds.Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatalf("create the %s CRD: %v", r, err)
+		}
+		name := crd.GetName()
+		err = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			got, err := crds.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return false, err
+			}
+			conditions, _, _ := unstructured.NestedSlice(got.Object, "status", "conditions")
+			for _, c := range conditions {
+				if m, _ := c.(map[string]any); m["type"] == "Established" && m["status"] == "True" {
+					return true, nil
+				}
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Fatalf("the %s CRD is not established: %v", name, err)
+		}
 	}
 }
 

@@ -81,9 +81,10 @@ func newMetrics() *Metrics {
 			Help: "Pod admissions by outcome: injected, skipped (not opted in, host network, ...), denied, error.",
 		}, []string{"outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "detour_webhook_admission_duration_seconds",
-			Help:    "Time to handle one pod admission (decode, mutate, patch), by outcome.",
-			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1},
+			Name: "detour_webhook_admission_duration_seconds",
+			Help: "Time to handle one pod admission (decode, mutate, patch), by outcome.",
+			// Up to the API server's longest webhook timeout (10 s), for the DetourWebhookSlow alert.
+			Buckets: []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 2.5, 5, 10},
 		}, []string{"outcome"}),
 		granted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_webhook_exemptions_granted_total",

@@ -96,9 +96,13 @@ func (n *Node) writePKI() error {
 
 // WritePrimaryConfig writes the primary CNI's conflist as the primary would at boot: the
 // reference bridge plugin with host-local IPAM and nothing of detour's.
-func (n *Node) WritePrimaryConfig() error {
+func (n *Node) WritePrimaryConfig() error { return n.WritePrimaryConfigVersion("1.1.0") }
+
+// WritePrimaryConfigVersion writes the primary's conflist declaring cniVersion version (one
+// detour-cni does not speak makes the node agent refuse to chain into it).
+func (n *Node) WritePrimaryConfigVersion(version string) error {
 	conf := fmt.Sprintf(`{
-  "cniVersion": "1.1.0",
+  "cniVersion": %q,
   "name": %q,
   "plugins": [
     {
@@ -116,7 +120,7 @@ func (n *Node) WritePrimaryConfig() error {
     }
   ]
 }
-`, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), podSubnet, podGateway)
+`, version, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), podSubnet, podGateway)
 	// Always a new file, even with the same content: a CNI installer's rewrite.
 	return fsutil.ReplaceFile(n.PrimaryConfigPath(), 0o644, func(w io.Writer) error {
 		_, err := io.WriteString(w, conf)
@@ -221,11 +225,23 @@ func (n *Node) command(name string) (argv, env []string) {
 		if len(n.opts.Taints) > 0 {
 			argv = append(argv, "--register-with-taints", strings.Join(n.opts.Taints, ","))
 		}
+	case "prometheus":
+		// Started by the monitoring story, with the configuration it writes into PrometheusDir.
+		dir := n.PrometheusDir()
+		argv = []string{n.bin("prometheus"), "--config.file", filepath.Join(dir, "prometheus.yml"),
+			"--storage.tsdb.path", filepath.Join(dir, "data"), "--web.listen-address", PrometheusAddr,
+			"--log.level", "warn"}
 	default:
 		panic("e2e: unknown component " + name)
 	}
 	return argv, env
 }
+
+// PrometheusDir holds the Prometheus server's configuration, rules and data; PrometheusAddr is
+// where it listens, in the node's network namespace.
+func (n *Node) PrometheusDir() string { return filepath.Join(n.Dir, "prometheus") }
+
+const PrometheusAddr = "127.0.0.1:9090"
 
 // AuditLogPath is the API server's audit log: requests for pods, by whom (JSON lines).
 func (n *Node) AuditLogPath() string { return filepath.Join(n.Dir, "logs", "audit.jsonl") }

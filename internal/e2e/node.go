@@ -323,6 +323,8 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 		return n.httpOK(ctx, "https://127.0.0.1:10257/healthz", false)
 	case "kube-scheduler":
 		return n.httpOK(ctx, "https://127.0.0.1:10259/healthz", false)
+	case "prometheus":
+		return n.httpOK(ctx, "http://"+PrometheusAddr+"/-/ready", false)
 	case "containerd":
 		// Its log is appended to across restarts: this start's part follows the last start line.
 		log := n.Log(name)

@@ -51,6 +51,7 @@ func TestE2E(t *testing.T) {
 		{"badinput/kubectl-apply", badInput},
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"node/agent-follows-the-node", agentFollowsTheNode},
+		{"monitoring/alerts-fire-and-resolve", alertsFireAndResolve},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"uninstall/helm", uninstallHelm},

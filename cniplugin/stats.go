@@ -79,7 +79,7 @@ func RecordAdd(dir, result string, d time.Duration) error {
 		return err
 	}
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := lockWithin(f, statsLockWait); err != nil {
 		return err
 	}
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing unlocks too
@@ -101,6 +101,25 @@ func RecordAdd(dir, result string, d time.Duration) error {
 	}
 	_, err = f.WriteAt(out, 0)
 	return err
+}
+
+// statsLockWait bounds how long an ADD waits for the stats file: counting must never hold up a
+// pod's sandbox, so past it the ADD goes uncounted.
+const statsLockWait = time.Second
+
+// lockWithin takes f's exclusive lock, trying for at most wait.
+func lockWithin(f *os.File, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the stats file %s stayed locked for %s", f.Name(), wait)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
 }
 
 // ReadAddStats reads the stats file at path under a shared lock. A missing file is no ADD yet.

@@ -195,6 +195,7 @@ func TestChartPrometheusRule(t *testing.T) {
 	objs := objects(t, render(t, []string{
 		"metrics.prometheusRule.enabled=true",
 		"metrics.prometheusRule.additionalRuleLabels.team=platform",
+		"metrics.prometheusRule.additionalRuleLabels.severity=page", // an alert's own wins
 		"metrics.prometheusRule.alerts.DetourNodeNotReady.for=30m",
 		"metrics.prometheusRule.alerts.DetourNodeNotReady.severity=critical",
 		"metrics.prometheusRule.alerts.DetourWebhookFailOpen.enabled=false",
@@ -219,6 +220,9 @@ func TestChartPrometheusRule(t *testing.T) {
 		if r["alert"] == "DetourNodeNotReady" && (r["for"] != "30m" || labels["severity"] != "critical") {
 			t.Errorf("DetourNodeNotReady: for %v, severity %v; want the overrides 30m and critical", r["for"], labels["severity"])
 		}
+		if labels["severity"] == "page" {
+			t.Errorf("alert %s: additionalRuleLabels replaced its severity", r["alert"])
+		}
 	}
 	spec, err := yaml.Marshal(pr.Spec)
 	if err != nil {
@@ -230,10 +234,14 @@ func TestChartPrometheusRule(t *testing.T) {
 	}
 	promtool(t, dir, "check", "rules", "rules.yaml")
 
-	cmd := exec.Command(testenv.Binary(t, "helm"), "template", "detour", chart, "--namespace", namespace, "--set", proxyImage,
-		"--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.prometheusRule.alerts.DetourNodeNotRedy.for=1m")
-	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "metrics.prometheusRule.alerts.DetourNodeNotRedy: detour has no such alert") {
-		t.Errorf("an override of an alert that does not exist: %v\n%s", err, out)
+	for sets, want := range map[[2]string]string{
+		{"metrics.prometheusRule.enabled=true", "metrics.prometheusRule.alerts.DetourNodeNotRedy.for=1m"}: "metrics.prometheusRule.alerts.DetourNodeNotRedy: detour has no such alert; the alerts are DetourCNIAddFailures, ",
+		{"metrics.serviceMonitor.enabled=true", "metrics.podMonitor.enabled=true"}:                        "metrics.serviceMonitor.enabled and metrics.podMonitor.enabled are both true",
+	} {
+		cmd := exec.Command(testenv.Binary(t, "helm"), "template", "detour", chart, "--namespace", namespace, "--set", proxyImage, "--set", sets[0], "--set", sets[1])
+		if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), want) {
+			t.Errorf("helm template --set %s --set %s: %v\n%s", sets[0], sets[1], err, out)
+		}
 	}
 }
 

@@ -59,12 +59,12 @@ var valueSets = map[string][]string{
 	"uninstall":    {"nodeAgent.uninstall=true", "nodeAgent.repair.enabled=false"},
 	"strict":       {"webhook.failurePolicy=Fail", "webhook.replicas=3", "webhook.config.conflictPolicy=deny", "nodeAgent.plugin.logFile=/var/log/detour-cni.log"},
 	"monitoring": {"metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=kube-prometheus-stack",
-		"metrics.podMonitor.enabled=true", "metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true",
-		"metrics.prometheusRule.alerts.DetourNodeNotReady.for=30m"},
+		"metrics.prometheusRule.enabled=true", "metrics.dashboard.enabled=true", "metrics.prometheusRule.alerts.DetourNodeNotReady.for=30m"},
+	"monitoring-pods": {"metrics.podMonitor.enabled=true", "metrics.scrapeAnnotations=false"},
 }
 
-// monitoringKinds are the objects only metrics.* values add.
-var monitoringKinds = []string{"ServiceMonitor", "PodMonitor", "PrometheusRule"}
+// monitoringKinds are the objects only metrics.* values add, and the value sets that add each.
+var monitoringKinds = map[string]string{"ServiceMonitor": "monitoring", "PodMonitor": "monitoring-pods", "PrometheusRule": "monitoring"}
 
 func helm(t *testing.T, args ...string) []byte {
 	t.Helper()
@@ -148,9 +148,9 @@ func TestHelmLintAndTemplate(t *testing.T) {
 				t.Fatalf("rendered only %d objects", len(objs))
 			}
 			// The monitors, the rules and the dashboard only when asked for (off by default).
-			for _, kind := range monitoringKinds {
+			for kind, set := range monitoringKinds {
 				has := slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind })
-				if has != (name == "monitoring") {
+				if has != (name == set) {
 					t.Errorf("%s rendered: %v", kind, has)
 				}
 			}

@@ -353,9 +353,12 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	}
 	a.metrics.sawPrimary(primary, data)
 	defer func() {
-		// What the agent leaves in the primary's file is not a rewrite at the next pass.
-		if now, err := os.ReadFile(s.Primary); err == nil {
-			a.metrics.leftPrimary(s.Primary, now)
+		// What the agent leaves as the primary (its entry added, a .conf converted) is not a
+		// rewrite at the next pass; the path is the one the next pass looks up (a symlink's).
+		if now, err := Primary(a.cfg.ConfDir); err == nil && now != "" {
+			if content, err := os.ReadFile(now); err == nil {
+				a.metrics.leftPrimary(now, content)
+			}
 		}
 	}()
 	// A file the runtime cannot load either is not touched: the primary may be writing it.

@@ -20,7 +20,7 @@ import (
 // Reasons of detour_node_reconcile_errors_total.
 const (
 	// ReasonRefused: a primary configuration the agent will not chain into (a CNI version the
-	// plugin does not speak, a symlink out of the directory, plugins loaded after detour's).
+	// plugin does not speak, a symlink out of the directory or to a .conf).
 	ReasonRefused = "refused-primary"
 	// ReasonRace: the primary rewrote its file while the agent wrote it (retried at once).
 	ReasonRace = "primary-race"
@@ -52,10 +52,14 @@ func withReason(reason string, err error) error {
 	return &reasonError{reason, err}
 }
 
-// errorReason is the metric reason of a reconcile error.
+// errorReason is the metric reason of a reconcile error; of errors joined, the first one's.
 func errorReason(err error) string {
-	switch {
-	case isRace(err):
+	if joined, ok := err.(interface{ Unwrap() []error }); ok {
+		if errs := joined.Unwrap(); len(errs) > 0 {
+			return errorReason(errs[0])
+		}
+	}
+	if isRace(err) {
 		return ReasonRace
 	}
 	if _, ok := errors.AsType[*refusedError](err); ok {
@@ -119,6 +123,8 @@ var (
 		"1 while the node is ready for injected pods (what the agent's /readyz and the detour.dev/cni-ready label say), else 0.", nil, nil)
 	descPrimary = prometheus.NewDesc("detour_node_primary_cni_config_present",
 		"1 while the primary CNI has written its configuration into the node's CNI config directory, else 0.", nil, nil)
+	descEntry = prometheus.NewDesc("detour_node_cni_entry_in_place",
+		"1 while detour's entry or drop-in and the plugin's binary are in place: the runtime runs detour-cni for every pod's sandbox.", nil, nil)
 	descInPlace = prometheus.NewDesc("detour_node_cni_config_in_place",
 		"1 while detour's configuration is in place: its entry or drop-in, the binary, the plugin's kubeconfig and token.", nil, nil)
 	descMode = prometheus.NewDesc("detour_node_cni_config_mode",
@@ -137,7 +143,7 @@ type collector struct {
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descReady, descPrimary, descInPlace, descMode, descTokenExpiry} {
+	for _, d := range []*prometheus.Desc{descReady, descPrimary, descEntry, descInPlace, descMode, descTokenExpiry} {
 		ch <- d
 	}
 	if c.statsFile != "" {
@@ -147,16 +153,19 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	s := c.a.Status()
-	ready, _ := c.a.Ready()
-	ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, boolValue(ready))
-	ch <- prometheus.MustNewConstMetric(descPrimary, prometheus.GaugeValue, boolValue(s.Primary != ""))
-	ch <- prometheus.MustNewConstMetric(descInPlace, prometheus.GaugeValue, boolValue(s.ConfigInPlace))
-	for _, m := range []Mode{ModeDropIn, ModeChainedEntry} {
-		ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, boolValue(s.Mode == m && s.Primary != ""), string(m))
-	}
-	if !s.PluginTokenExpires.IsZero() {
-		ch <- prometheus.MustNewConstMetric(descTokenExpiry, prometheus.GaugeValue, float64(s.PluginTokenExpires.Unix()))
+	// An uninstalled node is clean on purpose: no node state to alert on.
+	if s := c.a.Status(); !s.Uninstalled {
+		ready, _ := c.a.Ready()
+		ch <- prometheus.MustNewConstMetric(descReady, prometheus.GaugeValue, boolValue(ready))
+		ch <- prometheus.MustNewConstMetric(descPrimary, prometheus.GaugeValue, boolValue(s.Primary != ""))
+		ch <- prometheus.MustNewConstMetric(descEntry, prometheus.GaugeValue, boolValue(s.EntryInPlace))
+		ch <- prometheus.MustNewConstMetric(descInPlace, prometheus.GaugeValue, boolValue(s.ConfigInPlace))
+		for _, m := range []Mode{ModeDropIn, ModeChainedEntry} {
+			ch <- prometheus.MustNewConstMetric(descMode, prometheus.GaugeValue, boolValue(s.Mode == m && s.Primary != ""), string(m))
+		}
+		if !s.PluginTokenExpires.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descTokenExpiry, prometheus.GaugeValue, float64(s.PluginTokenExpires.Unix()))
+		}
 	}
 	if c.statsFile == "" {
 		return

@@ -90,6 +90,7 @@ func TestAgentMetrics(t *testing.T) {
 	}
 	wantMetric(t, reg, "detour_node_ready", nil, 1)
 	wantMetric(t, reg, "detour_node_primary_cni_config_present", nil, 1)
+	wantMetric(t, reg, "detour_node_cni_entry_in_place", nil, 1)
 	wantMetric(t, reg, "detour_node_cni_config_in_place", nil, 1)
 	wantMetric(t, reg, "detour_node_cni_config_mode", map[string]string{"mode": string(s.Mode)}, 1)
 	// The agent's own write of its entry, and passes that change nothing, are no rewrite.
@@ -121,7 +122,46 @@ func TestAgentMetrics(t *testing.T) {
 	wantMetric(t, reg, "detour_node_reconcile_errors_total", map[string]string{"reason": nodeagent.ReasonFiles}, 0)
 	wantMetric(t, reg, "detour_node_primary_rewrites_total", nil, 2)
 	wantMetric(t, reg, "detour_node_ready", nil, 0)
+	wantMetric(t, reg, "detour_node_cni_entry_in_place", nil, 0)
 	wantMetric(t, reg, "detour_node_cni_config_in_place", nil, 0)
+
+	// A node detour was uninstalled from is clean on purpose: no node state to alert on.
+	if err := a.Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := metricValue(t, reg, "detour_node_cni_config_in_place", nil); ok {
+		t.Error("detour_node_cni_config_in_place is exposed after the uninstall")
+	}
+}
+
+// A primary that is a symlink, edited through it, is no rewrite at each pass; a change of its
+// target is one.
+func TestAgentMetricsSymlinkedPrimary(t *testing.T) {
+	e := newEnv(t)
+	if err := os.MkdirAll(filepath.Join(e.confDir, "calico"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(e.confDir, "calico", "k8s.conflist.real")
+	writeFile(t, target, calico)
+	if err := os.Symlink("calico/k8s.conflist.real", filepath.Join(e.confDir, "10-calico.conflist")); err != nil {
+		t.Fatal(err)
+	}
+	a := e.agent(t)
+	reg := prometheus.NewPedanticRegistry()
+	if err := a.Register(reg, ""); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		if s, err := a.Reconcile(context.Background()); err != nil || !s.ConfigInPlace {
+			t.Fatalf("Reconcile = %+v, %v", s, err)
+		}
+	}
+	wantMetric(t, reg, "detour_node_primary_rewrites_total", nil, 0)
+	writeAtomic(t, target, calico)
+	if _, err := a.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	wantMetric(t, reg, "detour_node_primary_rewrites_total", nil, 1)
 }
 
 // The plugin's ADD counts reach the agent's /metrics as a histogram by result; a file the agent

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/detourmesh/detour/annotations"
@@ -142,7 +143,7 @@ const (
 )
 
 var descPods = prometheus.NewDesc("detour_repair_pods",
-	"This node's pods (not terminal, not in the host network) by state: injected; caught (injected, the validator found no redirect, not repaired yet); uninjected (opted in by its own or its namespace's detour.dev/inject, but without injection: admitted while the webhook was unreachable, or created before the namespace opted in).",
+	"This node's pods (not terminal, not in the host network) by state: injected; caught (injected, the validator found no redirect, not repaired yet); uninjected (opted in by its own or its namespace's detour.dev/inject, one the webhook injects, but without injection: admitted while the webhook was unreachable, or created before the namespace opted in).",
 	[]string{"state"}, nil)
 
 // Collector returns the gauge of the node's pods by state, read from the controller's caches at
@@ -182,9 +183,13 @@ func (p podStates) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// optedIn reports whether pod asks for injection: its own detour.dev/inject, else its
-// namespace's.
+// optedIn reports whether pod asks for injection — its own detour.dev/inject, else its
+// namespace's — and is one the webhook would inject: not [NeverInjected], not in kube-system
+// (which the chart's webhook configuration never selects).
 func (c *Controller) optedIn(pod *corev1.Pod) bool {
+	if NeverInjected(pod) || pod.Namespace == metav1.NamespaceSystem {
+		return false
+	}
 	v, ok := pod.Annotations[annotations.Inject]
 	if !ok {
 		ns, err := c.namespaces.Get(pod.Namespace)
@@ -194,4 +199,13 @@ func (c *Controller) optedIn(pod *corev1.Pod) bool {
 		v = ns.Annotations[annotations.Inject]
 	}
 	return v == string(annotations.InjectEnabled)
+}
+
+// NeverInjected reports whether pod is one the webhook never injects, whatever it asks for:
+// in the host network, one of detour's own pods (app.kubernetes.io/part-of: detour), a Windows
+// pod, or a static pod's mirror (the API server never admits those through webhooks).
+func NeverInjected(pod *corev1.Pod) bool {
+	_, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]
+	return mirror || pod.Spec.HostNetwork || pod.Labels["app.kubernetes.io/part-of"] == "detour" ||
+		pod.Spec.OS != nil && pod.Spec.OS.Name == corev1.Windows
 }

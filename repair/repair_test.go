@@ -650,6 +650,10 @@ func TestPodStates(t *testing.T) {
 		pod("plain", "plain", nil),
 		pod("host", "shop", nil, func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
 		pod("done", "shop", nil, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
+		// Pods the webhook never injects, whatever they ask for.
+		pod("mirror", "shop", map[string]string{corev1.MirrorPodAnnotationKey: "x"}),
+		pod("system", "kube-system", enabled),
+		pod("ours", "shop", nil, func(p *corev1.Pod) { p.Labels = map[string]string{"app.kubernetes.io/part-of": "detour"} }),
 	}
 	client := fake.NewClientset(objs...)
 	flags := DefaultFlags()

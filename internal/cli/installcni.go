@@ -100,7 +100,7 @@ func (o *installCNIOptions) addFlags(fl *pflag.FlagSet) {
 	fl.DurationVar(&o.f.Resync, "resync-interval", o.f.Resync, "how often the agent checks everything even without a file event")
 	fl.StringVar(&o.healthAddr, "health-probe-bind-address", ":9641", `address of the /readyz and /healthz probes; "" disables them`)
 	fl.StringVar(&o.healthAddr, "health-addr", ":9641", "address of the probes")
-	fl.StringVar(&o.metricsAddr, "metrics-bind-address", ":9641", `address of the Prometheus /metrics endpoint (one server with the probes when it is the same address); "" disables it`)
+	fl.StringVar(&o.metricsAddr, "metrics-bind-address", ":9641", `address of the Prometheus /metrics endpoint; when not set, that of --health-probe-bind-address (one server for both); "" disables it`)
 	fl.StringSliceVar(&o.mergeFrom, "merge-metrics-from", nil, "http URLs of other /metrics endpoints on the node whose detour_* metrics /metrics serves too (the chart: the repair controller's), so that one scrape covers the pod")
 	fl.StringVar(&o.statsFile, "plugin-stats-file", defaultStatsFile, "the plugin's ADD counts ("+cniplugin.StatsFileName+" in its state directory "+cniplugin.DefaultStateDir+" on the host, as mounted in the agent's container), served as detour_cni_add_duration_seconds; \"\" serves none")
 	deprecate(fl, "health-addr", "health-probe-bind-address")
@@ -139,6 +139,9 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 			return fmt.Errorf("uninstall: %w", err)
 		}
 		return nil
+	}
+	if !cmd.Flags().Changed("metrics-bind-address") {
+		o.metricsAddr = o.healthAddr
 	}
 	endpoints, err := o.endpoints(agent, log)
 	if err != nil {

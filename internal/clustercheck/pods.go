@@ -34,27 +34,13 @@ func (c *Checker) checkNamespaces(s *state) Result {
 }
 
 // uninjectedCandidate reports whether p, a pod of an opted-in namespace without detour's
-// injected marker, should have been injected: it is not being deleted, and nothing the webhook
-// honours leaves it out — its own detour.dev/inject: disabled, the host network, being one of
-// detour's pods, Windows, or being a static pod's mirror (the API server never admits those
-// through webhooks). Finished pods count: a Job's pod that ran without the mesh is news.
+// injected marker, should have been injected: it is not being deleted, it does not opt out
+// (detour.dev/inject: disabled), and it is not one the webhook never injects
+// ([repair.NeverInjected]). Finished pods count: a Job's pod that ran without the mesh is news.
 func uninjectedCandidate(p *corev1.Pod) bool {
-	switch {
-	case p.DeletionTimestamp != nil:
-		return false
-	case p.Annotations[annotations.Inject] == string(annotations.InjectDisabled):
-		return false
-	case p.Spec.HostNetwork, p.Labels[partOfLabel] == partOfValue:
-		return false
-	case p.Spec.OS != nil && p.Spec.OS.Name == corev1.Windows:
-		return false
-	}
-	_, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]
-	return !mirror
+	return p.DeletionTimestamp == nil && p.Annotations[annotations.Inject] != string(annotations.InjectDisabled) &&
+		!repair.NeverInjected(p)
 }
-
-// The label of detour's own pods, which the webhook never injects.
-const partOfLabel, partOfValue = "app.kubernetes.io/part-of", "detour"
 
 // checkUninjected names the pods of opted-in namespaces that run without detour: admitted
 // while the API server could not call the webhook under failurePolicy Ignore, or created

@@ -37,7 +37,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	waitFor(t, ctx, "Prometheus to scrape the node agent, repair and the webhook", 2*time.Minute, func() (bool, error) {
 		var missing []string
 		for _, q := range []string{
-			`detour_node_cni_config_in_place{node="` + NodeName + `"} == 1`,
+			`detour_node_cni_entry_in_place{node="` + NodeName + `"} == 1`,
 			`detour_repair_pods{node="` + NodeName + `", state="injected"}`,
 			`detour_cni_add_duration_seconds_count{node="` + NodeName + `", result="redirected"} > 0`,
 			`detour_webhook_admissions_total{outcome="injected"} > 0`,
@@ -85,7 +85,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	}
 
 	// The primary is fixed: detour's configuration comes back, the pods are repaired, and the
-	// alerts resolve (DetourValidatorsCatchingPods once no pod was caught for its 2m window).
+	// alerts resolve (DetourValidatorsCatchingPods once no pod was caught for its 5m window).
 	if err := e.node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +93,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	fixedAt := time.Now()
 	e.waitReady(t, ctx, "watched", "app=watched", 2)
 	resolvedAt := map[string]time.Duration{}
-	waitFor(t, ctx, "both alerts to resolve", 5*time.Minute, func() (bool, error) {
+	waitFor(t, ctx, "both alerts to resolve", 8*time.Minute, func() (bool, error) {
 		firing := prom.firing(t, ctx, withoutConfig, catching)
 		for _, name := range []string{withoutConfig, catching} {
 			if _, ok := resolvedAt[name]; !ok && !slices.Contains(firing, name) {

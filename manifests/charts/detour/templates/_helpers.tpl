@@ -49,14 +49,3 @@ equal), quoted for CEL. */}}
 {{- define "detour.webhookKeys" -}}
 'detour.dev/injected', 'detour.dev/proxy-uid', 'detour.dev/proxy-inbound-port', 'detour.dev/proxy-outbound-port', 'detour.dev/redirect-skip-inbound-ports', 'detour.dev/redirect-skip-outbound-ports', 'detour.dev/redirect-skip-outbound-cidrs', 'detour.dev/exempt-uids', 'detour.dev/exempt-gids', 'detour.dev/validator-sentinels', 'detour.dev/init-egress-status', 'detour.dev/validator'
 {{- end }}
-
-{{/* The names of detour's alerts (files/alerts.yaml), joined with "|". */}}
-{{- define "detour.alertNames" -}}
-{{- $names := list -}}
-{{- range (.Files.Get "files/alerts.yaml" | fromYaml).groups -}}
-{{- range .rules -}}
-{{- $names = append $names .alert -}}
-{{- end -}}
-{{- end -}}
-{{- join "|" $names -}}
-{{- end }}

@@ -71,7 +71,7 @@ BENCH_N ?= 30
 bench-cni:
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) \
-		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkStatus|BenchmarkChain' -benchtime $(BENCH_N)x -count 1
+		go test ./cniplugin -run '^$$' -bench 'BenchmarkStart|BenchmarkStatus|BenchmarkChain|BenchmarkRecordAdd' -benchtime $(BENCH_N)x -count 1
 
 # The container image, without a Docker engine (internal/image, go-containerregistry): the
 # binaries of `make build` as $(IMAGE), written to $(IMAGE_TAR) for `docker load -i` or

@@ -118,3 +118,14 @@ func FuzzParseAddStats(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkRecordAdd is what counting costs every ADD: open the stats file, lock it, read,
+// update and rewrite it (make bench-cni; docs/benchmarks.md).
+func BenchmarkRecordAdd(b *testing.B) {
+	dir := b.TempDir()
+	for i := 0; b.Loop(); i++ {
+		if err := RecordAdd(dir, AddResults[i%len(AddResults)], time.Duration(i%1000)*time.Millisecond); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +53,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	if firing := prom.firing(t, ctx, withoutConfig, catching); len(firing) > 0 {
 		t.Fatalf("alerts firing on a healthy node: %v", firing)
 	}
+	e.dashboardQueriesRun(t, ctx, prom)
 
 	// The primary writes a configuration detour will not chain into: its configuration leaves
 	// the node, and pods start without their redirect.
@@ -103,6 +105,36 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 		return len(firing) == 0, seen("still firing: %v", firing)
 	})
 	t.Logf("resolved after the primary was fixed: %v", resolvedAt)
+}
+
+// dashboardQueriesRun runs every query of the chart's Grafana dashboard on the live server, with
+// Grafana's variables set as a user would leave them: each must be valid PromQL, and those of
+// the panels that show a healthy node's state must return data.
+func (e *env) dashboardQueriesRun(t *testing.T, ctx context.Context, prom *prometheus) {
+	t.Helper()
+	var dashboard struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(readFile(filepath.Join(e.root, "manifests", "charts", "detour", "files", "dashboard.json"))), &dashboard); err != nil {
+		t.Fatal(err)
+	}
+	grafana := strings.NewReplacer("$__rate_interval", "1m", "$node", ".*", "${datasource}", "")
+	mustHaveData := []string{"Nodes ready", "Admissions per second by outcome", "detour-cni ADDs per second by result", "Pods by state", "Webhook certificate: time left"}
+	for _, p := range dashboard.Panels {
+		for _, q := range p.Targets {
+			res, err := prom.query(ctx, grafana.Replace(q.Expr))
+			if err != nil {
+				t.Errorf("panel %q: query %q: %v", p.Title, q.Expr, err)
+			} else if len(res) == 0 && slices.Contains(mustHaveData, p.Title) {
+				t.Errorf("panel %q: query %q returns nothing on a node with detour installed and pods running", p.Title, q.Expr)
+			}
+		}
+	}
 }
 
 // prometheus is the story's Prometheus server, reached in the node's network namespace.

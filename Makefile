@@ -109,7 +109,7 @@ bench-e2e:
 # As root it plays a node in network namespaces; without root it runs the API half.
 demo: build
 	bash hack/host-deps.sh
-	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) go run ./cmd/detour-demo
+	DETOUR_TEST_BIN=$$(DETOUR_BINARIES=control-plane bash hack/test-binaries.sh | tail -n 1) go run ./cmd/detour-demo
 
 # Regenerate manifests/install.yaml from the chart (a test fails when they drift apart).
 manifests:

@@ -8,8 +8,8 @@
 # of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
 # beside it).
 #
-# With DETOUR_BINARIES=control-plane only what the integration tests need is built
-# (kube-apiserver, etcd, the CNI plugins, helm, promtool, Prometheus and the operator's CRDs).
+# With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
+# helm are built.
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -109,22 +109,6 @@ for p in main/bridge main/loopback ipam/host-local; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
 build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"
-# promtool tests the alert rules (manifests); the Prometheus server scrapes the real node and
-# evaluates them (internal/e2e), with only the Kubernetes service discovery compiled in.
-pv="-X github.com/prometheus/common/version.Version=${prometheus#v}"
-build promtool "$prometheus" prometheus github.com/prometheus/prometheus/cmd/promtool "$pv"
-TAGS="remove_all_sd enable_kubernetes_sd" build prometheus "$prometheus" prometheus github.com/prometheus/prometheus/cmd/prometheus "$pv"
-# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
-crds="$bin/prometheus-operator-crds-$operator"
-if [ ! -d "$crds" ]; then
-	dir=$(cd "$root/hack/tools/prometheus-operator" && go mod download -json github.com/prometheus-operator/prometheus-operator | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-	[ -n "$dir" ] || { echo "test-binaries: cannot download github.com/prometheus-operator/prometheus-operator $operator" >&2; exit 1; }
-	mkdir -p "$crds.tmp"
-	cp "$dir"/example/prometheus-operator-crd/*.yaml "$crds.tmp/"
-	chmod -R u+w "$crds.tmp"
-	mv "$crds.tmp" "$crds"
-fi
-ln -sfn "prometheus-operator-crds-$operator" "$bin/prometheus-operator-crds"
 if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	ctrd=github.com/containerd/containerd/v2
 	for c in containerd ctr containerd-shim-runc-v2; do
@@ -134,6 +118,25 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	# the RuntimeDefault profile on every sandbox, and a runc without seccomp fails them all.
 	CGO_ENABLED=1 TAGS="seccomp urfave_cli_no_docs" build runc "$runc" runc github.com/opencontainers/runc \
 		"-X main.version=${runc#v} -X main.gitCommit=$runc"
+	# promtool tests the alert rules (manifests); the Prometheus server scrapes the real node and
+	# evaluates them (internal/e2e). Both have only the Kubernetes service discovery compiled in
+	# (no cloud SDKs), with the same tags, so the second reuses the first's packages: 333 s for
+	# both instead of 506 s without the tags (2 cores, modules downloaded, 2026-12-04).
+	pv="-X github.com/prometheus/common/version.Version=${prometheus#v}"
+	for cmd in promtool prometheus; do
+		TAGS="remove_all_sd enable_kubernetes_sd" build "$cmd" "$prometheus" prometheus "github.com/prometheus/prometheus/cmd/$cmd" "$pv"
+	done
+	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
+	crds="$bin/prometheus-operator-crds-$operator"
+	if [ ! -d "$crds" ]; then
+		dir=$(cd "$root/hack/tools/prometheus-operator" && go mod download -json github.com/prometheus-operator/prometheus-operator | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		[ -n "$dir" ] || { echo "test-binaries: cannot download github.com/prometheus-operator/prometheus-operator $operator" >&2; exit 1; }
+		mkdir -p "$crds.tmp"
+		cp "$dir"/example/prometheus-operator-crd/*.yaml "$crds.tmp/"
+		chmod -R u+w "$crds.tmp"
+		mv "$crds.tmp" "$crds"
+	fi
+	ln -sfn "prometheus-operator-crds-$operator" "$bin/prometheus-operator-crds"
 fi
 wait "$lane" || { echo "test-binaries: building Kubernetes failed" >&2; exit 1; }
 if [ $((SECONDS - start)) -gt 5 ]; then

@@ -71,10 +71,15 @@ func (s *AddStats) observe(result string, d time.Duration) {
 // RecordAdd counts one ADD in the stats file in dir, under an exclusive lock on the file, so
 // that concurrent ADDs lose no count. A file it cannot parse starts over.
 func RecordAdd(dir, result string, d time.Duration) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return err
+	path := filepath.Join(dir, StatsFileName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
+	if errors.Is(err, os.ErrNotExist) {
+		// The first ADD since the node's boot (the directory is on a tmpfs).
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return err
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, StatsFileName), os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {
 		return err
 	}

@@ -394,22 +394,7 @@ func TestHandler(t *testing.T) {
 // repaired without a direct call.
 func TestRun(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{annotations.CNIReadyLabel: "true"}}})
-	flags := DefaultFlags()
-	flags.NodeName = "node-1"
-	cfg, _ := flags.Parse()
-	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run = %v", err)
-		}
-	}()
+	ctx := runController(t, newNodeController(t, client))
 	pod := failedPod("web-1", rsOwner("web-7d9f"))
 	if _, err := client.CoreV1().Pods("shop").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -424,6 +409,35 @@ func TestRun(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// newNodeController returns a controller of node-1 on client with the default flags, logging
+// nowhere.
+func newNodeController(t *testing.T, client *fake.Clientset) *Controller {
+	t.Helper()
+	flags := DefaultFlags()
+	flags.NodeName = "node-1"
+	cfg, _ := flags.Parse()
+	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// runController runs c until the test ends, and returns the context it runs in.
+func runController(t *testing.T, c *Controller) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	})
+	return ctx
 }
 
 // Pods that failed together are repaired at once; a replacement that fails again waits for
@@ -655,26 +669,13 @@ func TestPodStates(t *testing.T) {
 		pod("system", "kube-system", enabled),
 		pod("ours", "shop", nil, func(p *corev1.Pod) { p.Labels = map[string]string{"app.kubernetes.io/part-of": "detour"} }),
 	}
-	client := fake.NewClientset(objs...)
-	flags := DefaultFlags()
-	flags.NodeName = "node-1"
-	cfg, _ := flags.Parse()
-	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newNodeController(t, fake.NewClientset(objs...))
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c.Collector())
 	if families, err := reg.Gather(); err != nil || len(families) != 0 {
 		t.Fatalf("before the caches synced: %v, %v; want nothing", families, err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runController(t, c)
 	want := map[string]float64{StateInjected: 2, StateCaught: 1, StateUninjected: 2}
 	deadline := time.Now().Add(20 * time.Second)
 	for {

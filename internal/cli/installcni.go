@@ -186,14 +186,12 @@ func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, log *slog.Logger) 
 		ErrorHandling: promhttp.ContinueOnError,
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	})
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics)
 	if o.metricsAddr == o.healthAddr {
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", metrics)
 		mux.Handle("/", agent.Handler())
 		return []endpoint{{o.healthAddr, mux}}, nil
 	}
-	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", metrics)
 	return []endpoint{{o.healthAddr, agent.Handler()}, {o.metricsAddr, mux}}, nil
 }
 

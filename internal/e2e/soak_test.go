@@ -509,8 +509,11 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 // strandedByReboot reports whether p is a pod with restartPolicy Never created before a reboot
 // that took its sandbox: kubelet 1.37 creates no new sandbox for it and leaves it Pending
 // (Init:Unknown, Init:StartError, Init:1/2...) with PodReadyToStartContainers false, and its
-// Job never hears of it. That is the kubelet's behaviour, not detour's: the soak counts such
-// pods and does not wait for them.
+// Job never hears of it. The same kubelet also strands such a pod that it had admitted but
+// not yet given a sandbox when the reboot came: it stays Pending with no
+// PodReadyToStartContainers condition at all, its only Events Scheduled and the kubelet's
+// MissingClusterDNS, and no ADD ever runs for it. That is the kubelet's behaviour, not
+// detour's: the soak counts such pods and does not wait for them.
 func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {
 		return false
@@ -523,6 +526,22 @@ func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 		}
 	}
 	s.mu.Unlock()
+	var scheduled, sandbox *corev1.PodCondition
+	for i, c := range p.Status.Conditions {
+		switch c.Type {
+		case corev1.PodScheduled:
+			scheduled = &p.Status.Conditions[i]
+		case corev1.PodReadyToStartContainers:
+			sandbox = &p.Status.Conditions[i]
+		}
+	}
+	if sandbox == nil && scheduled != nil && scheduled.Status == corev1.ConditionTrue {
+		for _, r := range reboots {
+			if scheduled.LastTransitionTime.Time.Before(r) {
+				return true
+			}
+		}
+	}
 	for _, c := range p.Status.Conditions {
 		if c.Type != corev1.PodReadyToStartContainers || c.Status != corev1.ConditionFalse {
 			continue

@@ -19,6 +19,8 @@ type artifacts struct {
 	dir      string
 	tarballs []string
 	refs     images.Refs
+	// testImages are the test images in tarballs, by reference.
+	testImages map[string]v1.Image
 	// repo and tag of detour's image.
 	repo, tag string
 	// workloadBin is the workload program, for the test server outside the pods.
@@ -58,7 +60,7 @@ func buildArtifacts(ctx context.Context, root string) (*artifacts, error) {
 		return nil, err
 	}
 	a.tarballs = []string{detourTar, built.Tarball}
-	a.refs = built.Refs
+	a.refs, a.testImages = built.Refs, built.Images
 	a.workloadBin = built.Bin("workload")
 	return a, nil
 }

@@ -46,6 +46,13 @@ func (n *Node) writeFiles() error {
 			return err
 		}
 	}
+	registryHost := net.JoinHostPort(nodeIP.String(), fmt.Sprint(RegistryPort))
+	if err := os.MkdirAll(filepath.Join(n.registryHostsDir(), registryHost), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(n.registryHostsDir(), registryHost, "hosts.toml"), []byte(hostsTOML(registryHost)), 0o644); err != nil {
+		return err
+	}
 	if err := n.WritePrimaryConfig(); err != nil {
 		return err
 	}
@@ -58,6 +65,10 @@ func (n *Node) writeFiles() error {
 }
 
 func (n *Node) writePKI() error {
+	if n.cp != nil {
+		n.pki, n.Kubeconfig = n.cp.pki, n.cp.Kubeconfig
+		return n.issueKubeletPKI()
+	}
 	p, err := newPKI(filepath.Join(n.Dir, "pki"))
 	if err != nil {
 		return err
@@ -67,10 +78,8 @@ func (n *Node) writePKI() error {
 		{name: "apiserver", cn: "kube-apiserver", server: true,
 			ips: []net.IP{net.ParseIP("127.0.0.1"), nodeIP.AsSlice(), serviceIP.AsSlice()},
 			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
-		{name: "kubelet-serving", cn: NodeName, server: true, ips: []net.IP{nodeIP.AsSlice()}, dns: []string{NodeName}},
 		{name: "admin", cn: "e2e-admin", orgs: []string{"system:masters"}},
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
-		{name: "kubelet", cn: "system:node:" + NodeName, orgs: []string{"system:nodes"}},
 		{name: "kube-controller-manager", cn: "system:kube-controller-manager"},
 		{name: "kube-scheduler", cn: "system:kube-scheduler"},
 	}
@@ -82,7 +91,7 @@ func (n *Node) writePKI() error {
 	if err := p.serviceAccountKeys(); err != nil {
 		return err
 	}
-	for _, name := range []string{"admin", "kubelet", "kube-controller-manager", "kube-scheduler"} {
+	for _, name := range []string{"admin", "kube-controller-manager", "kube-scheduler"} {
 		path, err := p.kubeconfig(n.apiURL(), name)
 		if err != nil {
 			return err
@@ -91,7 +100,32 @@ func (n *Node) writePKI() error {
 			n.Kubeconfig = path
 		}
 	}
-	return nil
+	return n.issueKubeletPKI()
+}
+
+// kubeletPKI is the name of the kubelet's client certificate and kubeconfig in the cluster's
+// PKI directory; its serving certificate is this name with "-serving".
+func (n *Node) kubeletPKI() string {
+	if n.cp == nil {
+		return "kubelet"
+	}
+	return n.Name + "-kubelet"
+}
+
+// issueKubeletPKI writes the kubelet's serving certificate and its kubeconfig, whose client
+// certificate names the node (system:node:NAME, as the Node authorizer requires).
+func (n *Node) issueKubeletPKI() error {
+	name := n.kubeletPKI()
+	for _, id := range []identity{
+		{name: name + "-serving", cn: n.Name, server: true, ips: []net.IP{n.IP.AsSlice()}, dns: []string{n.Name}},
+		{name: name, cn: "system:node:" + n.Name, orgs: []string{"system:nodes"}},
+	} {
+		if err := n.pki.issue(id); err != nil {
+			return fmt.Errorf("issue %s's certificate: %w", id.name, err)
+		}
+	}
+	_, err := n.pki.kubeconfig(n.apiURL(), name)
+	return err
 }
 
 // WritePrimaryConfig writes the primary CNI's conflist as the primary would at boot: the
@@ -120,7 +154,7 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
     }
   ]
 }
-`, version, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), podSubnet, podGateway)
+`, version, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), n.PodSubnet, n.PodSubnet.Addr().Next())
 	// Always a new file, even with the same content: a CNI installer's rewrite.
 	return fsutil.ReplaceFile(n.PrimaryConfigPath(), 0o644, func(w io.Writer) error {
 		_, err := io.WriteString(w, conf)
@@ -219,11 +253,14 @@ func (n *Node) command(name string) (argv, env []string) {
 	case "kubelet":
 		argv = []string{n.bin("kubelet"),
 			"--config", filepath.Join(n.Dir, "kubelet.yaml"),
-			"--kubeconfig", pki("kubelet.kubeconfig"),
+			"--kubeconfig", pki(n.kubeletPKI() + ".kubeconfig"),
 			"--root-dir", filepath.Join(n.Dir, "kubelet"),
-			"--hostname-override", NodeName, "--node-ip", nodeIP.String(), "--v", "2"}
+			"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "2"}
 		if len(n.opts.Taints) > 0 {
 			argv = append(argv, "--register-with-taints", strings.Join(n.opts.Taints, ","))
+		}
+		if len(n.opts.Labels) > 0 {
+			argv = append(argv, "--node-labels", strings.Join(n.opts.Labels, ","))
 		}
 	case "prometheus":
 		// Started by the monitoring story, with the configuration it writes into PrometheusDir.
@@ -280,6 +317,8 @@ state = %[2]q
   snapshotter = 'overlayfs'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = %[6]q
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = %[11]q
 
 [plugins.'io.containerd.cri.v1.runtime']
   # CAP_SYS_RESOURCE is not in this machine's bounding set: without this every sandbox fails
@@ -303,8 +342,12 @@ state = %[2]q
   disable_tcp_service = true
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), n.containerdSocket(), filepath.Join(d, "ttrpc.sock"),
 		filepath.Join(d, "opt"), n.opts.PauseImage, n.bin("runc"), filepath.Join(d, "runc"),
-		n.CNIBinDir, n.CNIConfDir)
+		n.CNIBinDir, n.CNIConfDir, n.registryHostsDir())
 }
+
+// registryHostsDir is containerd's registry configuration: how the node reaches the
+// cluster's registry (registry.go).
+func (n *Node) registryHostsDir() string { return filepath.Join(n.Dir, "certs.d") }
 
 func (n *Node) kubeletConfig() string {
 	pki := n.pki.path
@@ -330,7 +373,7 @@ imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 shutdownGracePeriod: 0s
 serializeImagePulls: false
-`, n.containerdSocket(), n.cgroup, pki("ca.crt"), pki("kubelet-serving.crt"), pki("kubelet-serving.key"),
+`, n.containerdSocket(), n.cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
 		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"))
 }
 

@@ -40,8 +40,15 @@ type holderSpec struct {
 	Cgroup string // the run's cgroup, relative to each hierarchy's root
 	// Sysctls maps machine-wide /proc/sys files to the value their stand-in starts with.
 	Sysctls map[string]string
-	Net     netSpec
+	// Binds are directories of the node mounted over paths of the control-plane node's, so
+	// that the paths one chart gives every node (the CNI directories, the plugin's log) are
+	// each node's own.
+	Binds []bindMount
+	Net   netSpec
 }
+
+// bindMount mounts Source over Target in the node's mount namespace.
+type bindMount struct{ Source, Target string }
 
 // request asks the holder to start a process, wait for one, or stop one.
 type request struct {
@@ -114,6 +121,11 @@ func setUpHolder(spec holderSpec) error {
 		}
 		if err := unix.Mount(scratch, dir, "", unix.MS_BIND, ""); err != nil {
 			return fmt.Errorf("mount %s over %s: %w", scratch, dir, err)
+		}
+	}
+	for _, b := range spec.Binds {
+		if err := unix.Mount(b.Source, b.Target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("mount %s over %s: %w", b.Source, b.Target, err)
 		}
 	}
 	sysctlDir := filepath.Join(spec.RunDir, "sysctl")

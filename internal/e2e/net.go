@@ -18,11 +18,14 @@ import (
 // netSpec is the node's network: its IP on a veth pair kept inside the node's namespace (the
 // kubelet refuses a loopback node IP and this kernel has no dummy links), and the one Service
 // the node needs without kube-proxy — the API server's ClusterIP, translated to the API
-// server's own address for pods and host-network pods alike.
+// server's own address for pods and host-network pods alike. The node IP lies in the
+// underlay's prefix: when a node joins the cluster, the peer end of its veth moves into the
+// control-plane node's namespace and becomes a port of the underlay's bridge (cluster.go).
 type netSpec struct {
 	Link      string
 	NodeIP    netip.Addr
 	ServiceIP netip.Addr // the kubernetes Service's ClusterIP (port 443)
+	APIIP     netip.Addr // the API server's address (the control-plane node's IP)
 	APIPort   uint16
 }
 
@@ -39,7 +42,7 @@ func setUpNodeNetwork(n netSpec) error {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add the node's veth %s: %w", n.Link, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.NodeIP.AsSlice(), Mask: net.CIDRMask(n.NodeIP.BitLen(), n.NodeIP.BitLen())}}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.NodeIP.AsSlice(), Mask: net.CIDRMask(underlay.Bits(), n.NodeIP.BitLen())}}
 	if err := netlink.AddrAdd(veth, addr); err != nil {
 		return fmt.Errorf("give %s the node IP %s: %w", n.Link, n.NodeIP, err)
 	}
@@ -71,7 +74,7 @@ func setUpNodeNetwork(n netSpec) error {
 }
 
 // serviceDNAT plays kube-proxy for the kubernetes Service: ServiceIP:443 goes to
-// NodeIP:APIPort, from pods (prerouting) and from the node itself (output).
+// APIIP:APIPort, from pods (prerouting) and from the node itself (output).
 func serviceDNAT(n netSpec) error {
 	c, err := nftables.New()
 	if err != nil {
@@ -85,7 +88,7 @@ func serviceDNAT(n netSpec) error {
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: n.ServiceIP.AsSlice()},
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(443)},
-		&expr.Immediate{Register: 1, Data: n.NodeIP.AsSlice()},
+		&expr.Immediate{Register: 1, Data: n.APIIP.AsSlice()},
 		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(n.APIPort)},
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
 	}

@@ -30,8 +30,10 @@ var (
 	nodeIP      = netip.MustParseAddr("10.200.0.1")
 	serviceIP   = netip.MustParseAddr("10.96.0.1")
 	podSubnet   = netip.MustParsePrefix("10.88.0.0/24")
-	podGateway  = netip.MustParseAddr("10.88.0.1")
 	serviceCIDR = "10.96.0.0/24"
+	// underlay is the nodes' network: the control-plane node is nodeIP, the nodes that join
+	// it the next addresses (cluster.go).
+	underlay = netip.MustParsePrefix("10.200.0.0/24")
 )
 
 const (
@@ -49,6 +51,8 @@ const (
 type Options struct {
 	// Taints the kubelet registers the node with (key:Effect or key=value:Effect).
 	Taints []string
+	// Labels the kubelet registers the node with (key=value).
+	Labels []string
 	// Images are docker-save tarballs imported into containerd before the kubelet starts.
 	Images []string
 	// PauseImage is the sandbox image (already in one of Images).
@@ -59,6 +63,10 @@ type Options struct {
 // kube-controller-manager, kube-scheduler, containerd and the kubelet, all built from their Go
 // modules by hack/test-binaries.sh, in a network and mount namespace of their own.
 type Node struct {
+	// Name is the node's name; IP its address on the underlay; PodSubnet its pods' range.
+	Name      string
+	IP        netip.Addr
+	PodSubnet netip.Prefix
 	// Dir is the run's directory; everything the node writes is under it.
 	Dir    string
 	BinDir string
@@ -76,9 +84,14 @@ type Node struct {
 	holder *holderClient
 	pki    *pki
 
+	// cp is the control-plane node a node joined (cluster.go); nil on the control-plane node.
+	cp *Node
+
 	mu sync.Mutex
 	// pids are the running components' processes; a component stopped on purpose is not here.
 	pids map[string]int
+	// joined are the nodes that joined this control-plane node and have not left, by name.
+	joined map[string]*Node
 }
 
 // Start brings a node up; Stop tears it down. Nothing it does outlives Stop on the host: its
@@ -94,7 +107,9 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	rand.Read(suffix)
 	name := fmt.Sprintf("detour-e2e-%d-%s", os.Getpid(), hex.EncodeToString(suffix))
 	n = &Node{
+		Name: NodeName, IP: nodeIP, PodSubnet: podSubnet,
 		Dir: filepath.Join(base, name), BinDir: binDir, opts: opts, cgroup: name, pids: map[string]int{},
+		joined: map[string]*Node{},
 	}
 	n.CNIConfDir = filepath.Join(n.Dir, "cni", "net.d")
 	n.CNIBinDir = filepath.Join(n.Dir, "cni", "bin")
@@ -118,7 +133,7 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	}
 	n.holder, err = startHolder(holderSpec{
 		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(),
-		Net: netSpec{Link: "node0", NodeIP: nodeIP, ServiceIP: serviceIP, APIPort: apiPort},
+		Net: netSpec{Link: "node0", NodeIP: nodeIP, ServiceIP: serviceIP, APIIP: nodeIP, APIPort: apiPort},
 	}, n.logPath("holder"))
 	if err != nil {
 		return n, err
@@ -137,21 +152,32 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 			return n, err
 		}
 	}
-	for _, img := range opts.Images {
-		if _, err := n.Run(ctx, n.ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
-			return n, fmt.Errorf("import %s into containerd: %w", img, err)
-		}
-	}
-	if err := n.StartComponent(ctx, "kubelet"); err != nil {
+	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
 	return n, n.waitServiceAccount(ctx, metav1.NamespaceDefault)
 }
 
-// Stop ends every process of the node, then removes its cgroups and, unless
-// DETOUR_E2E_KEEP=1, its directory.
+// startKubelet imports the node's images into containerd and starts the kubelet.
+func (n *Node) startKubelet(ctx context.Context) error {
+	for _, img := range n.opts.Images {
+		if _, err := n.Run(ctx, n.ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
+			return fmt.Errorf("import %s into containerd: %w", img, err)
+		}
+	}
+	return n.StartComponent(ctx, "kubelet")
+}
+
+// Stop ends every process of the node (on the control-plane node, after the nodes that
+// joined it have left), then removes its cgroups and, unless DETOUR_E2E_KEEP=1, its directory.
 func (n *Node) Stop() error {
+	if n.cp != nil {
+		return n.Leave()
+	}
 	var errs []error
+	for _, w := range n.Nodes()[1:] {
+		errs = append(errs, w.Leave())
+	}
 	if n.holder != nil {
 		errs = append(errs, n.holder.close())
 	}
@@ -339,7 +365,7 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 		if !n.httpOK(ctx, "http://127.0.0.1:10248/healthz", false) {
 			return false
 		}
-		node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		node, err := n.Client.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
 		if err != nil {
 			return false
 		}

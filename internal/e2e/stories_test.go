@@ -54,6 +54,7 @@ func TestE2E(t *testing.T) {
 		{"monitoring/alerts-fire-and-resolve", alertsFireAndResolve},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
+		{"cluster", clusterStories},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 	}
@@ -625,12 +626,12 @@ func (e *env) pod(name, ns string) *corev1.Pod {
 			AutomountServiceAccountToken:  ptr.To(false),
 			TerminationGracePeriodSeconds: ptr.To[int64](2),
 			InitContainers: []corev1.Container{{
-				Name: "init", Image: e.art.refs.Workload, ImagePullPolicy: corev1.PullNever,
+				Name: "init", Image: e.img.refs.Workload, ImagePullPolicy: e.img.pull,
 				Args:            []string{"dial", "-must", "-addr", e.server},
 				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1500)},
 			}},
 			Containers: []corev1.Container{{
-				Name: "app", Image: e.art.refs.Workload, ImagePullPolicy: corev1.PullNever,
+				Name: "app", Image: e.img.refs.Workload, ImagePullPolicy: e.img.pull,
 				Args:            []string{"dial", "-retry", "30s", "-addr", e.server, "then", "serve", "-listen", ":8080"},
 				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
 				ReadinessProbe: &corev1.Probe{
@@ -756,8 +757,13 @@ type pluginEntry struct {
 // pluginLog returns detour-cni's log entries for command; decision, when set, must match.
 func (e *env) pluginLog(t testing.TB, command, decision string) []pluginEntry {
 	t.Helper()
+	return pluginLogAt(e.pluginLogPath(), command, decision)
+}
+
+// pluginLogAt is pluginLog of the detour-cni log at path (another node's).
+func pluginLogAt(path, command, decision string) []pluginEntry {
 	var out []pluginEntry
-	for line := range strings.SplitSeq(readFile(e.pluginLogPath()), "\n") {
+	for line := range strings.SplitSeq(readFile(path), "\n") {
 		var l pluginEntry
 		if json.Unmarshal([]byte(line), &l) != nil {
 			continue

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/e2e/images"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -39,6 +40,23 @@ type env struct {
 	root string // the module's root
 	// server is the address of the test server outside the pods ("the internet").
 	server string
+	// img is where detour's chart and the pods' images come from now.
+	img imageSet
+	// registry is the cluster's registry, once a story started it (cluster_stories_test.go).
+	registry *Registry
+	// registryImages is the image set of the registry, once it holds the images.
+	registryImages imageSet
+}
+
+// imageSet is where the e2e installs detour's chart from and where its pods' images come
+// from: imported into the node's containerd (pull policy Never) and the chart's directory, or
+// the cluster's registry (cluster_stories_test.go).
+type imageSet struct {
+	repo, tag string // detour's image
+	refs      images.Refs
+	pull      corev1.PullPolicy
+	// chart is helm's chart argument and the flags that go with it.
+	chart []string
 }
 
 var shared struct {
@@ -56,6 +74,9 @@ func TestMain(m *testing.M) {
 			code = 1
 		}
 		os.RemoveAll(shared.env.art.dir)
+		if shared.env.registry != nil {
+			shared.env.registry.Close()
+		}
 	}
 	os.Exit(code)
 }
@@ -92,6 +113,7 @@ func newEnv(bin string) (*env, error) {
 		return nil, err
 	}
 	e := &env{node: n, art: art, root: root, server: fmt.Sprintf("%s:%d", nodeIP, serverPort)}
+	e.img = e.importedImages()
 	argv := []string{art.workloadBin, "serve", "-listen", e.server}
 	if _, err := n.holder.start(argv, n.env(), n.logPath("test-server"), ""); err != nil {
 		n.Stop()
@@ -121,8 +143,9 @@ func (e *env) installDetour(t testing.TB, ctx context.Context, extra string) {
 	if err := os.WriteFile(extraPath, []byte(extra), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	out, err := e.node.Helm(ctx, "upgrade", "--install", "detour", filepath.Join(e.root, "manifests", "charts", "detour"),
+	args := append(append([]string{"upgrade", "--install", "detour"}, e.img.chart...),
 		"--namespace", detourNamespace, "--create-namespace", "--values", values, "--values", extraPath, "--wait", "--timeout", "4m")
+	out, err := e.node.Helm(ctx, args...)
 	if err != nil {
 		t.Fatalf("helm install detour: %v\n%s\n%s", err, out, e.describe(ctx, detourNamespace))
 	}
@@ -136,16 +159,16 @@ const agentLabel = "e2e.detour.dev/agent"
 func (e *env) values() string {
 	return fmt.Sprintf(`createNamespace: false
 image:
-  repository: %s
-  tag: %s
-  pullPolicy: Never
+  repository: %[1]s
+  tag: %[2]s
+  pullPolicy: %[3]s
 webhook:
   replicas: 1
   failurePolicy: Fail
   config:
     proxy:
-      image: %s
-      imagePullPolicy: Never
+      image: %[4]s
+      imagePullPolicy: %[3]s
       # Known to the webhook, so that the validator's check runs at the proxy's start
       # (validator.mode auto on this 1.37 node with containerd 2.4); a name, found on the
       # image's PATH as the runtime would.
@@ -155,18 +178,26 @@ webhook:
         periodSeconds: 1
         failureThreshold: 30
 nodeAgent:
-  cniConfDir: %s
-  cniBinDir: %s
+  cniConfDir: %[5]s
+  cniBinDir: %[6]s
   resync: 2s
   nodeSelector:
-    %s: "yes"
+    %[7]s: "yes"
   plugin:
     logLevel: debug
-    logFile: %s
+    logFile: %[8]s
   repair:
     rate: 5
     burst: 5
-`, e.art.repo, e.art.tag, e.art.refs.Proxy, e.node.CNIConfDir, e.node.CNIBinDir, agentLabel, e.pluginLogPath())
+`, e.img.repo, e.img.tag, e.img.pull, e.img.refs.Proxy, e.node.CNIConfDir, e.node.CNIBinDir, agentLabel, e.pluginLogPath())
+}
+
+// importedImages are the images as the node imported them and the chart's directory.
+func (e *env) importedImages() imageSet {
+	return imageSet{
+		repo: e.art.repo, tag: e.art.tag, refs: e.art.refs, pull: corev1.PullNever,
+		chart: []string{filepath.Join(e.root, "manifests", "charts", "detour")},
+	}
 }
 
 func (e *env) pluginLogPath() string { return filepath.Join(e.node.Dir, "logs", "detour-cni.log") }

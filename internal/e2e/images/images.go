@@ -51,7 +51,9 @@ type Built struct {
 	// Tarball is the docker-save tarball holding every image (ctr -n k8s.io images import).
 	Tarball string
 	Refs    Refs
-	dir     string
+	// Images are the images in Tarball, by reference (to push them to a registry).
+	Images map[string]v1.Image
+	dir    string
 }
 
 // Bin returns the path of the static binary of the program name ("pause", "testproxy",
@@ -89,6 +91,7 @@ func Build(ctx context.Context, outDir string) (*Built, error) {
 	if err := image.WriteTarball(b.Tarball, imgs); err != nil {
 		return nil, err
 	}
+	b.Images = imgs
 	return b, nil
 }
 

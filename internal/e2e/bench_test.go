@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/watch"
@@ -149,4 +150,70 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2], s[(len(s)*99+99)/100-1]
+}
+
+// BenchmarkNodeJoin measures, on the cluster, how long a node that joins takes to run a pod
+// that waits for it: from the start of its containerd and kubelet to the pod Ready, over
+// DETOUR_E2E_BENCH_JOINS joins (default 5) of each form, alternating — with detour (the node
+// registers with the startup taint and the agent's label, and the pod is injected) and without
+// (no taint, no agent, the same pod uninjected). Every image comes from the cluster's
+// registry, which the new node has never pulled from (make bench-e2e; docs/benchmarks.md).
+func BenchmarkNodeJoin(b *testing.B) {
+	e := setUp(b)
+	ctx, cancel := testContext(b, e.node, 40*time.Minute)
+	defer cancel()
+	e.ensureInstalled(b, ctx)
+	e.useRegistry(b, ctx)
+	defer e.useImported(b, ctx)
+	e.cordon(b, ctx, e.node.Name)
+	defer e.uncordon(b, ctx, e.node.Name)
+	n := 5
+	if v := os.Getenv("DETOUR_E2E_BENCH_JOINS"); v != "" {
+		fmt.Sscan(v, &n)
+	}
+	rows := []struct {
+		name, ns string
+		detour   bool
+		took     []time.Duration
+	}{
+		{name: "with detour (startup taint, agent, injected pod)", ns: "join-detour", detour: true},
+		{name: "without detour (plain pod)", ns: "join-plain"},
+	}
+	e.namespace(b, ctx, "join-detour", true)
+	e.namespace(b, ctx, "join-plain", false)
+	b.ResetTimer()
+	for i := 0; i < b.N*n; i++ {
+		for k := range rows {
+			r := &rows[k]
+			name := fmt.Sprintf("join-%d-%d", k, i)
+			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, onNode(e.pod("p", r.ns), name), metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			opts := Options{PauseImage: e.img.refs.Pause}
+			if r.detour {
+				opts.Taints, opts.Labels = []string{StartupTaint + ":NoSchedule"}, []string{agentLabel + "=yes"}
+			}
+			start := time.Now()
+			node, err := e.node.Join(ctx, name, opts)
+			if err != nil {
+				b.Fatal(err)
+			}
+			e.waitReady(b, ctx, r.ns, "name=p", 1)
+			r.took = append(r.took, time.Since(start))
+			e.node.Client.CoreV1().Pods(r.ns).Delete(ctx, "p", metav1.DeleteOptions{})
+			waitFor(b, ctx, "pod p to go", 2*time.Minute, func() (bool, error) {
+				_, err := e.node.Client.CoreV1().Pods(r.ns).Get(ctx, "p", metav1.GetOptions{})
+				return apierrors.IsNotFound(err), err
+			})
+			e.remove(b, node)
+		}
+	}
+	b.StopTimer()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nnode joins (kubelet start → the pod waiting for the node Ready, %d each, alternating)\tp50\tp99\n", len(rows[0].took))
+	for _, r := range rows {
+		p50, p99 := percentiles(r.took)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.name, p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+	}
+	tw.Flush()
 }

@@ -202,6 +202,7 @@ func clusterStories(t *testing.T, ctx context.Context, e *env) {
 	}{
 		{"cross-node", clusterCrossNode},
 		{"per-node-scoping", clusterPerNodeScoping},
+		{"primary-rewrites-on-every-node", clusterRewrites},
 		{"drain", clusterDrain},
 		{"seed000-scale-out", clusterScaleOut},
 	} {
@@ -458,6 +459,25 @@ func clusterPerNodeScoping(t *testing.T, ctx context.Context, e *env, b *Node) {
 	for _, p := range replaced {
 		if _, stale := failing[p.Name]; stale {
 			t.Errorf("pod %s of node B was not recreated by B's repair", p.Name)
+		}
+	}
+}
+
+// clusterRewrites: the primary rewrites its conflist on every node at once (atomic renames and
+// in-place writes, content changed and unchanged, 50 times each) while injected pods are
+// created on both nodes: not one starts without its rules.
+func clusterRewrites(t *testing.T, ctx context.Context, e *env, b *Node) {
+	res := e.churn(t, ctx, "churn-cluster", e.node, b)
+	defer e.dropNamespaces(t, ctx, "churn-cluster")
+	t.Logf("churn on %s and %s: %d of %d pods started without rules during %d rewrites of each node's conflist",
+		e.node.Name, b.Name, res.failed, res.pods, res.rewrites)
+	if res.failed != 0 {
+		t.Errorf("%d of %d pods started without rules while both nodes' primaries rewrote their conflists", res.failed, res.pods)
+	}
+	for _, n := range []*Node{e.node, b} {
+		dropIn := filepath.Join(n.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
+		if _, err := os.Stat(dropIn); err != nil {
+			t.Errorf("node %s: detour's drop-in is gone after the rewrites: %v", n.Name, err)
 		}
 	}
 }

@@ -118,17 +118,26 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *env) {
 type churnResult struct{ pods, failed, rewrites int }
 
 // churn creates injected pods in waves of 4 in ns while the primary's conflist is rewritten 50
-// times, 300ms apart, and counts the pods whose validator found no rules (exit 42).
-func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
+// times, 300ms apart, on each of nodes at once (the control-plane node when none is given),
+// and counts the pods whose validator found no rules (exit 42). With more than one node, each
+// wave's pods are spread over them.
+func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node) churnResult {
 	t.Helper()
 	e.namespace(t, ctx, ns, true)
-	// The primary's own content, without detour's entry, as the primary writes it.
-	if err := e.node.WritePrimaryConfig(); err != nil {
-		t.Fatal(err)
+	if len(nodes) == 0 {
+		nodes = []*Node{e.node}
 	}
-	base := readFile(e.node.PrimaryConfigPath())
-	changed := strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)
-	path := e.node.PrimaryConfigPath()
+	type conflist struct{ path, base, changed string }
+	var files []conflist
+	for _, n := range nodes {
+		// The primary's own content, without detour's entry, as the primary writes it.
+		if err := n.WritePrimaryConfig(); err != nil {
+			t.Fatal(err)
+		}
+		base := readFile(n.PrimaryConfigPath())
+		files = append(files, conflist{n.PrimaryConfigPath(), base,
+			strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)})
+	}
 
 	var res churnResult
 	var wg sync.WaitGroup
@@ -138,22 +147,24 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 		defer wg.Done()
 		defer close(done)
 		for i := range 50 {
-			content := base
-			if i%2 == 1 {
-				content = changed
-			}
-			var err error
-			if i%4 < 2 {
-				err = fsutil.ReplaceFile(path, 0o644, func(w io.Writer) error {
-					_, err := io.WriteString(w, content)
-					return err
-				})
-			} else {
-				err = os.WriteFile(path, []byte(content), 0o644) // in place: truncate, write
-			}
-			if err != nil {
-				t.Errorf("rewrite %d: %v", i, err)
-				return
+			for _, f := range files {
+				content := f.base
+				if i%2 == 1 {
+					content = f.changed
+				}
+				var err error
+				if i%4 < 2 {
+					err = fsutil.ReplaceFile(f.path, 0o644, func(w io.Writer) error {
+						_, err := io.WriteString(w, content)
+						return err
+					})
+				} else {
+					err = os.WriteFile(f.path, []byte(content), 0o644) // in place: truncate, write
+				}
+				if err != nil {
+					t.Errorf("rewrite %d of %s: %v", i, f.path, err)
+					return
+				}
 			}
 			res.rewrites++
 			time.Sleep(300 * time.Millisecond)
@@ -167,7 +178,11 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string) churnResult {
 			var names []string
 			for i := range 4 {
 				name := fmt.Sprintf("w%d-%d", wave, i)
-				if _, err := pods.Create(ctx, e.pod(name, ns), metav1.CreateOptions{}); err != nil {
+				p := e.pod(name, ns)
+				if len(nodes) > 1 {
+					onNode(p, nodes[i%len(nodes)].Name)
+				}
+				if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}
 				names = append(names, name)

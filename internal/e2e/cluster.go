@@ -10,9 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/detourmesh/detour/internal/nsutil"
 )
@@ -38,18 +38,21 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if cp.cp != nil {
 		return nil, fmt.Errorf("join %s: %s is not the control-plane node", name, cp.Name)
 	}
+	if port := underlayPort(name); len(port) > 15 {
+		return nil, fmt.Errorf("join %s: the name is too long for its underlay port's link name %s (15 bytes at most)", name, port)
+	}
+	if opts.PauseImage == "" {
+		opts.PauseImage = cp.opts.PauseImage
+	}
 	cp.mu.Lock()
 	if cp.joined[name] != nil {
 		cp.mu.Unlock()
 		return nil, fmt.Errorf("join %s: a node of that name is already in the cluster", name)
 	}
 	index := cp.freeIndex()
-	cp.mu.Unlock()
 	if index < 0 {
+		cp.mu.Unlock()
 		return nil, fmt.Errorf("join %s: the underlay %s has no address left", name, underlay)
-	}
-	if opts.PauseImage == "" {
-		opts.PauseImage = cp.opts.PauseImage
 	}
 	n = &Node{
 		Name: name, IP: underlayAddr(index), PodSubnet: podRange(index),
@@ -59,12 +62,11 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	}
 	n.CNIConfDir = filepath.Join(n.Dir, "cni", "net.d")
 	n.CNIBinDir = filepath.Join(n.Dir, "cni", "bin")
-	cp.mu.Lock()
 	cp.joined[name] = n
 	cp.mu.Unlock()
 	defer func() {
 		if err != nil {
-			n.Leave()
+			err = errors.Join(err, n.Leave())
 			n = nil
 		}
 	}()
@@ -175,10 +177,7 @@ func podRange(i int) netip.Prefix {
 // between the new node and every other one.
 func (n *Node) plugIntoUnderlay() error {
 	cp := n.cp
-	port := "u-" + n.Name
-	if len(port) > 15 {
-		return fmt.Errorf("node name %q is too long for a link name (%s)", n.Name, port)
-	}
+	port := underlayPort(n.Name)
 	cpNS, err := os.Open(cp.holder.netns())
 	if err != nil {
 		return err
@@ -199,6 +198,9 @@ func (n *Node) plugIntoUnderlay() error {
 	}
 	err = nsutil.Do(cp.holder.netns(), func() error {
 		br, err := netlink.LinkByName(underlayBridge)
+		if _, missing := err.(netlink.LinkNotFoundError); err != nil && !missing {
+			return err
+		}
 		if err != nil {
 			br = &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: underlayBridge}}
 			if err := netlink.LinkAdd(br); err != nil {
@@ -238,6 +240,9 @@ func (n *Node) plugIntoUnderlay() error {
 	return nil
 }
 
+// underlayPort is the name of node's port on the underlay's bridge.
+func underlayPort(node string) string { return "u-" + node }
+
 // enslave makes link name a port of bridge br and brings it up.
 func enslave(name string, br netlink.Link) error {
 	l, err := netlink.LinkByName(name)
@@ -269,7 +274,7 @@ func (n *Node) routePods(other *Node, add bool) error {
 			}
 			return nil
 		}
-		if err := netlink.RouteDel(r); err != nil && !strings.Contains(err.Error(), "no such process") {
+		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
 			return fmt.Errorf("remove %s's route to %s's pods: %w", n.Name, other.Name, err)
 		}
 		return nil

@@ -24,7 +24,6 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/e2e/images"
-	"github.com/detourmesh/detour/nodeagent"
 )
 
 // useRegistry moves the e2e to the cluster's registry, starting it on first use: the test
@@ -39,7 +38,13 @@ func (e *env) useRegistry(t testing.TB, ctx context.Context) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.registry = r
+		// Closed at the end of the run (TestMain), or now if it never holds every image.
+		ready := false
+		defer func() {
+			if !ready {
+				r.Close()
+			}
+		}()
 		// The registry's images are not the imported ones: the kubelet (with
 		// KubeletEnsureSecretPulledImages, on by default) treats an image it once pulled as
 		// pulled, not preloaded, under every name it has, and then refuses it to the pods that
@@ -86,6 +91,7 @@ func (e *env) useRegistry(t testing.TB, ctx context.Context) {
 			},
 			chart: []string{"oci://" + r.Host + "/charts/detour", "--version", version, "--plain-http"},
 		}
+		e.registry, ready = r, true
 	}
 	e.img = e.registryImages
 	e.installDetour(t, ctx, "")
@@ -122,15 +128,10 @@ func goEnv(t testing.TB) []string {
 // The node leaves, and its Node object goes, when the test ends.
 func (e *env) join(t testing.TB, ctx context.Context, name string) *Node {
 	t.Helper()
-	n, err := e.node.Join(ctx, name, Options{
-		Taints:     []string{StartupTaint + ":NoSchedule"},
-		Labels:     []string{agentLabel + "=yes"},
-		PauseImage: e.img.refs.Pause,
+	n := e.joinNode(t, ctx, name, Options{
+		Taints: []string{StartupTaint + ":NoSchedule"},
+		Labels: []string{agentLabel + "=yes"},
 	})
-	if err != nil {
-		t.Fatalf("node %s did not join: %v", name, err)
-	}
-	t.Cleanup(func() { e.remove(t, n) })
 	waitFor(t, ctx, "the node agent to run on "+name+" and remove its startup taint", 3*time.Minute, func() (bool, error) {
 		node, err := e.node.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -145,17 +146,39 @@ func (e *env) join(t testing.TB, ctx context.Context, name string) *Node {
 	return n
 }
 
+// joinNode starts a node that joins the cluster with opts (the registry's sandbox image) and
+// makes it leave, and its Node object go, when the test ends — also when it failed to join
+// after its kubelet registered, so that no agent pod waits on a node that is not there.
+func (e *env) joinNode(t testing.TB, ctx context.Context, name string, opts Options) *Node {
+	t.Helper()
+	if opts.PauseImage == "" {
+		opts.PauseImage = e.img.refs.Pause
+	}
+	n, err := e.node.Join(ctx, name, opts)
+	if err != nil {
+		e.deleteNode(t, name)
+		t.Fatalf("node %s did not join: %v", name, err)
+	}
+	t.Cleanup(func() { e.remove(t, n) })
+	return n
+}
+
 // remove takes a node that joined out of the cluster: the machine goes, then its Node object.
 func (e *env) remove(t testing.TB, n *Node) {
 	t.Helper()
 	if err := n.Leave(); err != nil {
 		t.Errorf("node %s did not leave cleanly: %v", n.Name, err)
 	}
+	e.deleteNode(t, n.Name)
+}
+
+func (e *env) deleteNode(t testing.TB, name string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := e.node.Client.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{})
+	err := e.node.Client.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		t.Errorf("delete node %s: %v", n.Name, err)
+		t.Errorf("delete node %s: %v", name, err)
 	}
 }
 
@@ -305,12 +328,12 @@ func clusterCrossNode(t *testing.T, ctx context.Context, e *env, b *Node) {
 	}
 
 	// Each node's plugin handled its own pods: B's redirected B's server and saw no client.
-	for _, l := range pluginLogAt(filepath.Join(b.Dir, "logs", "detour-cni.log"), "ADD", "") {
+	for _, l := range pluginLogAt(nodePluginLog(b), "ADD", "") {
 		if strings.HasPrefix(l.Pod, "cross/client") || strings.HasPrefix(l.Pod, "cross-plain/client") {
 			t.Errorf("node B's detour-cni handled %s, a pod of node A", l.Pod)
 		}
 	}
-	if l := pluginLogAt(filepath.Join(b.Dir, "logs", "detour-cni.log"), "ADD", "redirected"); !slices.ContainsFunc(l, func(l pluginEntry) bool { return l.Pod == "cross/server" }) {
+	if l := pluginLogAt(nodePluginLog(b), "ADD", "redirected"); !slices.ContainsFunc(l, func(l pluginEntry) bool { return l.Pod == "cross/server" }) {
 		t.Errorf("node B's detour-cni did not redirect cross/server: %v", l)
 	}
 	if _, err := os.Stat(filepath.Join(b.CNIConfDir, "10-e2e.conflist")); err != nil {
@@ -432,7 +455,7 @@ func clusterPerNodeScoping(t *testing.T, ctx context.Context, e *env, b *Node) {
 		return len(failing) == 2, seen("failed validators: %v", failing)
 	})
 	// Several of A's repair passes (resync 2 s): B's failing pods stay, A's pod runs.
-	time.Sleep(15 * time.Second)
+	sleepCtx(ctx, 15*time.Second)
 	pods, err := e.pods(ctx, "scoping", "app=broken")
 	if err != nil {
 		t.Fatal(err)
@@ -475,7 +498,7 @@ func clusterRewrites(t *testing.T, ctx context.Context, e *env, b *Node) {
 		t.Errorf("%d of %d pods started without rules while both nodes' primaries rewrote their conflists", res.failed, res.pods)
 	}
 	for _, n := range []*Node{e.node, b} {
-		dropIn := filepath.Join(n.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
+		dropIn := nodeDropIn(n)
 		if _, err := os.Stat(dropIn); err != nil {
 			t.Errorf("node %s: detour's drop-in is gone after the rewrites: %v", n.Name, err)
 		}
@@ -528,6 +551,7 @@ func onNodeDeployment(dep *appsv1.Deployment, node string) *appsv1.Deployment {
 // clusterDrain: `kubectl drain` node B while injected pods of a Deployment run there: they come
 // back on node A with their redirect, proven by a connection through each one's proxy.
 func clusterDrain(t *testing.T, ctx context.Context, e *env, b *Node) {
+	defer e.uncordon(t, ctx, b.Name)
 	e.namespace(t, ctx, "drain", true)
 	defer e.dropNamespaces(t, ctx, "drain")
 	e.cordon(t, ctx, e.node.Name)
@@ -560,7 +584,7 @@ func clusterDrain(t *testing.T, ctx context.Context, e *env, b *Node) {
 	if agent, err := e.agentPod(ctx, b.Name); err != nil || agent == nil || agent.DeletionTimestamp != nil {
 		t.Errorf("the node agent left the drained node %s: %v", b.Name, agentState(agent))
 	}
-	if _, err := os.Stat(filepath.Join(b.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)); err != nil {
+	if _, err := os.Stat(nodeDropIn(b)); err != nil {
 		t.Errorf("the drained node lost detour's configuration: %v", err)
 	}
 }
@@ -573,6 +597,7 @@ func clusterDrain(t *testing.T, ctx context.Context, e *env, b *Node) {
 // the story reports how many, and how long until all 20 run with their redirect.
 func clusterScaleOut(t *testing.T, ctx context.Context, e *env, b *Node) {
 	e.cordon(t, ctx, e.node.Name, b.Name)
+	defer e.uncordon(t, ctx, b.Name)
 	// The new node pulls the agent's image as from a remote registry (10 s), not in the
 	// milliseconds of the registry beside it: the window in which seed 000's pods slipped in.
 	e.registry.Slow("detour", agentPullDelay)
@@ -609,16 +634,13 @@ func clusterScaleOut(t *testing.T, ctx context.Context, e *env, b *Node) {
 			})
 			var w *podWatcher
 			start := time.Now()
-			opts := Options{Labels: []string{agentLabel + "=yes"}, PauseImage: e.img.refs.Pause}
+			opts := Options{Labels: []string{agentLabel + "=yes"}}
 			if c.taint {
 				opts.Taints = []string{StartupTaint + ":NoSchedule"}
 			}
 			w = e.watchPods(ctx, ns)
 			defer w.stop()
-			n, err := e.node.Join(ctx, c.node, opts)
-			if err != nil {
-				t.Fatalf("node %s did not join: %v", c.node, err)
-			}
+			n := e.joinNode(t, ctx, c.node, opts)
 			defer func() {
 				// The pods go first, so that their sandboxes are torn down by the node.
 				e.node.Client.AppsV1().Deployments(ns).Delete(ctx, "web", metav1.DeleteOptions{})
@@ -650,14 +672,14 @@ func clusterScaleOut(t *testing.T, ctx context.Context, e *env, b *Node) {
 					t.Errorf("pod %s runs on %s, want %s", p.Name, p.Spec.NodeName, c.node)
 				}
 			}
-			t.Logf("node %s (startup taint %v): Ready and joined in %s; all %d replicas Ready with their redirect %s after the kubelet started; validators that failed: %d; pods created in all: %d (%d replaced by repair)",
+			t.Logf("node %s (startup taint %v): joined (containerd and kubelet started, node Ready) in %s; all %d replicas Ready with their redirect %s after it began to join; validators that failed: %d; pods created in all: %d (%d replaced by repair)",
 				c.node, c.taint, joined.Round(100*time.Millisecond), replicas, allReady.Round(100*time.Millisecond), caught, created, created-replicas)
 			if c.taint && (caught != 0 || created != replicas) {
 				t.Errorf("with the startup taint: %d validators failed and %d pods were created for %d replicas, want 0 and %d", caught, created, replicas, replicas)
 			}
 			// Every replica that runs was given its redirect by the new node's plugin.
 			last := map[string]pluginEntry{}
-			for _, l := range pluginLogAt(filepath.Join(n.Dir, "logs", "detour-cni.log"), "ADD", "") {
+			for _, l := range pluginLogAt(nodePluginLog(n), "ADD", "") {
 				last[l.Pod] = l
 			}
 			for _, p := range ready {

@@ -18,9 +18,11 @@ import (
 	"github.com/detourmesh/detour/nodeagent"
 )
 
-// dropInPath is detour's drop-in for the primary's network.
-func (e *env) dropInPath() string {
-	return filepath.Join(e.node.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
+// dropInPath is detour's drop-in for the primary's network; nodeDropIn is another node's.
+func (e *env) dropInPath() string { return nodeDropIn(e.node) }
+
+func nodeDropIn(n *Node) string {
+	return filepath.Join(n.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
 }
 
 // detourConfigs lists the files that hold detour's configuration, in either form: a
@@ -62,11 +64,11 @@ func (e *env) waitDetourConfigs(t testing.TB, ctx context.Context, what string, 
 // agentLog is the node agent's log.
 func (e *env) agentLog(t testing.TB, ctx context.Context) string {
 	t.Helper()
-	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-agent"})
-	if err != nil || len(pods.Items) != 1 {
-		t.Fatalf("find the node agent's pod: %v (%d pods)", err, len(pods.Items))
+	p, err := e.agentPod(ctx, e.node.Name)
+	if err != nil || p == nil {
+		t.Fatalf("find the node agent's pod on %s: %v", e.node.Name, err)
 	}
-	return e.logs(ctx, detourNamespace, pods.Items[0].Name, "install-cni")
+	return e.logs(ctx, detourNamespace, p.Name, "install-cni")
 }
 
 // dropInSurvivesRewrites: on containerd 2.4 the agent's auto mode installs detour as the

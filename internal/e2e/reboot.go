@@ -83,7 +83,9 @@ func killPods(cgroup string) (int, error) {
 		for _, pid := range cgroupPIDs(cgroup) {
 			cg := readFile(fmt.Sprintf("/proc/%d/cgroup", pid))
 			cmd := strings.Split(readFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
-			if strings.Contains(cg, "/"+cgroup+"/kubepods") || filepath.Base(cmd[0]) == "containerd-shim-runc-v2" {
+			// This node's only: a node that joined has its own subtree below the run's.
+			shim := filepath.Base(cmd[0]) == "containerd-shim-runc-v2" && strings.Contains(cg, "/"+cgroup+"/system")
+			if strings.Contains(cg, "/"+cgroup+"/kubepods") || shim {
 				victims = append(victims, pid)
 			}
 		}

@@ -537,7 +537,8 @@ func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	}
 	if sandbox == nil && scheduled != nil && scheduled.Status == corev1.ConditionTrue {
 		for _, r := range reboots {
-			if scheduled.LastTransitionTime.Time.Before(r) {
+			// Long enough after the reboot that the kubelet has synced every pod it will.
+			if scheduled.LastTransitionTime.Time.Before(r) && time.Since(r) > strandedAfter {
 				return true
 			}
 		}
@@ -554,6 +555,9 @@ func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	}
 	return false
 }
+
+// strandedAfter is how long after a reboot a pod without any sandbox counts as stranded.
+const strandedAfter = 3 * time.Minute
 
 // watchPods follows every soak pod with an informer (it relists after an API server restart)
 // and hands the ones to check to the workers.

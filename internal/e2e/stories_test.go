@@ -31,7 +31,7 @@ import (
 // story is a subtest; a later one relies on what the earlier ones installed.
 func TestE2E(t *testing.T) {
 	e := setUp(t)
-	ctx, cancel := testContext(t, e.node, 25*time.Minute)
+	ctx, cancel := testContext(t, e.node, 35*time.Minute)
 	defer cancel()
 	stories := []struct {
 		name string

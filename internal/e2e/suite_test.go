@@ -69,14 +69,16 @@ func TestMain(m *testing.M) {
 	ServeHolder()
 	code := m.Run()
 	if shared.env != nil {
+		if r := shared.env.registry; r != nil {
+			if err := r.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "e2e: stop the registry:", err)
+			}
+		}
 		if err := shared.env.node.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "e2e: stop the node:", err)
 			code = 1
 		}
 		os.RemoveAll(shared.env.art.dir)
-		if shared.env.registry != nil {
-			shared.env.registry.Close()
-		}
 	}
 	os.Exit(code)
 }
@@ -200,34 +202,15 @@ func (e *env) importedImages() imageSet {
 	}
 }
 
-func (e *env) pluginLogPath() string { return filepath.Join(e.node.Dir, "logs", "detour-cni.log") }
+func (e *env) pluginLogPath() string { return nodePluginLog(e.node) }
 
-// setAgent puts the node agent on the node (present) or takes it away.
+// nodePluginLog is detour-cni's log on node n (the chart's plugin.logFile, each node's own).
+func nodePluginLog(n *Node) string { return filepath.Join(n.Dir, "logs", "detour-cni.log") }
+
+// setAgent puts the node agent on the control-plane node (present) or takes it away.
 func (e *env) setAgent(t testing.TB, ctx context.Context, present bool) {
 	t.Helper()
-	value := "null"
-	if present {
-		value = `"yes"`
-	}
-	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, agentLabel, value)
-	if _, err := e.node.Client.CoreV1().Nodes().Patch(ctx, NodeName, "application/merge-patch+json", []byte(patch), metav1.PatchOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	// Wait for the DaemonSet's pod to be there and ready, or gone.
-	waitFor(t, ctx, "the node agent's pod to be "+map[bool]string{true: "ready", false: "gone"}[present], 2*time.Minute, func() (bool, error) {
-		pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=node-agent"})
-		if err != nil {
-			return false, err
-		}
-		var states []string
-		for _, p := range pods.Items {
-			states = append(states, fmt.Sprintf("%s %s ready=%v", p.Name, p.Status.Phase, podReady(&p)))
-		}
-		if !present {
-			return len(pods.Items) == 0, seen("agent pods %v", states)
-		}
-		return len(pods.Items) == 1 && podReady(&pods.Items[0]), seen("agent pods %v", states)
-	})
+	e.setNodeAgent(t, ctx, e.node, present)
 }
 
 // namespace creates ns, opted in to injection when inject is set, and waits for its default

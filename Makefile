@@ -102,7 +102,7 @@ bench-webhook: build
 bench-e2e:
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) PATH="$$PATH:/usr/sbin:/sbin" \
-		go test ./internal/e2e -run '^$$' -bench 'PodStartLatency|NodeJoin' -benchtime 1x -count 1 -timeout 60m
+		go test ./internal/e2e -run '^$$' -bench 'PodStartLatency|NodeJoin|CrossNode' -benchtime 1x -count 1 -timeout 60m
 
 # The local end-to-end demo (the README's first command): builds everything, starts a local
 # kube-apiserver + etcd, the webhook, the node agent and the plugin, and narrates each step.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"regexp"
 	"slices"
 	"testing"
 	"text/tabwriter"
@@ -215,6 +216,77 @@ func BenchmarkNodeJoin(b *testing.B) {
 	for _, r := range rows {
 		p50, p99 := percentiles(r.took)
 		fmt.Fprintf(tw, "%s\t%s\t%s\n", r.name, p50.Round(time.Millisecond), p99.Round(time.Millisecond))
+	}
+	tw.Flush()
+}
+
+// BenchmarkCrossNode measures traffic between two nodes, for the record: a client pod on the
+// control-plane node runs `workload load` against a `workload serve -sink` pod on a node that
+// joined, both injected (through two test proxies) and both uninjected — connect to the
+// server's first line over DETOUR_E2E_BENCH_CONNS connections one after another (default 500;
+// p50 and p99), then 256 MiB through one connection. The proxies are the e2e's test proxy
+// (io.Copy both ways), not a mesh's (make bench-e2e; docs/benchmarks.md).
+func BenchmarkCrossNode(b *testing.B) {
+	e := setUp(b)
+	ctx, cancel := testContext(b, e.node, 30*time.Minute)
+	defer cancel()
+	e.ensureInstalled(b, ctx)
+	e.useRegistry(b, ctx)
+	defer e.useImported(b, ctx)
+	other := e.join(b, ctx, "bench-b")
+	defer e.remove(b, other)
+	conns := 500
+	if v := os.Getenv("DETOUR_E2E_BENCH_CONNS"); v != "" {
+		fmt.Sscan(v, &conns)
+	}
+	rows := []struct {
+		name, ns string
+		inject   bool
+		result   []string
+	}{
+		{name: "both injected (two test proxies)", ns: "xnode-mesh", inject: true},
+		{name: "both uninjected", ns: "xnode-plain"},
+	}
+	line := regexp.MustCompile(`load \S+ conns=\d+ p50=(\S+) p99=(\S+) bytes=\d+ seconds=\S+ MiB/s=(\S+)`)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for k := range rows {
+			r := &rows[k]
+			e.namespace(b, ctx, r.ns, r.inject)
+			server := onNode(e.pod("sink", r.ns), other.Name)
+			server.Spec.Containers[0].Args = []string{"serve", "-listen", ":8080", "-sink"}
+			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, server, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			target := e.waitReady(b, ctx, r.ns, "name=sink", 1)[0].Status.PodIP + ":8080"
+			client := onNode(e.pod("load", r.ns), e.node.Name)
+			client.Spec.RestartPolicy = corev1.RestartPolicyNever
+			client.Spec.Containers[0].ReadinessProbe = nil
+			client.Spec.Containers[0].Args = []string{"dial", "-must", "-retry", "30s", "-addr", target,
+				"then", "load", "-addr", target, "-conns", fmt.Sprint(conns), "-bytes", fmt.Sprint(256 << 20), "then", "sleep"}
+			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
+				b.Fatal(err)
+			}
+			waitFor(b, ctx, "the load of "+r.name, 10*time.Minute, func() (bool, error) {
+				logs := e.logs(ctx, r.ns, "load", "app")
+				if m := line.FindStringSubmatch(logs); m != nil {
+					r.result = m[1:]
+					return true, nil
+				}
+				p, err := e.node.Client.CoreV1().Pods(r.ns).Get(ctx, "load", metav1.GetOptions{})
+				if err == nil && p.Status.Phase == corev1.PodFailed {
+					return false, fmt.Errorf("the load failed: %s", logs)
+				}
+				return false, seen("log: %s", tail(logs, 3))
+			})
+			e.dropNamespaces(b, ctx, r.ns)
+		}
+	}
+	b.StopTimer()
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\ncross-node, pod to pod (%d connections, then 256 MiB)\tconnect → line p50\tp99\tMiB/s\n", conns)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.name, r.result[0], r.result[1], r.result[2])
 	}
 	tw.Flush()
 }

@@ -85,6 +85,27 @@ func TestWorkloadServeDial(t *testing.T) {
 	}
 }
 
+func TestWorkloadLoad(t *testing.T) {
+	srv, _ := startWorkload(t, "serve", "-listen", "127.0.0.1:0", "-name", "sink", "-sink")
+	addr := waitFor(t, srv, `serve sink listening on (\S+)`)
+	var out bytes.Buffer
+	if err := Workload(context.Background(), []string{"load", "-addr", addr, "-conns", "20", "-bytes", "3000000"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want := regexp.MustCompile(`^load ` + regexp.QuoteMeta(addr) + ` conns=20 p50=\S+ p99=\S+ bytes=3000000 seconds=[0-9.]+ MiB/s=[0-9.]+\n$`)
+	if !want.MatchString(out.String()) {
+		t.Errorf("output %q, want %s", out.String(), want)
+	}
+
+	// Against a plain serve (no count) it fails, naming the cause.
+	plain, _ := startWorkload(t, "serve", "-listen", "127.0.0.1:0", "-name", "plain")
+	plainAddr := waitFor(t, plain, `serve plain listening on (\S+)`)
+	err := Workload(context.Background(), []string{"load", "-addr", plainAddr, "-conns", "1", "-bytes", "10"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "is it a serve -sink?") {
+		t.Errorf("load against a plain serve: %v", err)
+	}
+}
+
 func TestWorkloadServeNameFromHostname(t *testing.T) {
 	t.Setenv("HOSTNAME", "pod-a")
 	srv, _ := startWorkload(t, "serve", "-listen", "127.0.0.1:0")
@@ -171,6 +192,9 @@ func TestWorkloadUsageErrors(t *testing.T) {
 		{"sleep", "soon"},
 		{"serve", "-bogus"},
 		{"id", Then, "sleep", "-1s"},
+		{"load"},
+		{"load", "-addr", "x:1", "-conns", "0"},
+		{"load", "-addr", "x:1", "-conns", "-3"},
 	} {
 		var out bytes.Buffer
 		err := Workload(context.Background(), args, &out)

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -61,9 +62,16 @@ func Workload(ctx context.Context, args []string, stdout io.Writer) error {
 }
 
 const workloadUsage = `usage: workload STEP [then STEP]...
-  serve -listen :8080 [-name N]   answer each connection with one line (name, identity, addresses)
+  serve -listen :8080 [-name N] [-sink]
+                                  answer each connection with one line (name, identity, addresses);
+                                  with -sink, then read until the client's EOF and answer
+                                  "received N bytes"
   dial -addr H:P [-must] [-retry D] [-timeout D]
                                   connect and print the line the server sends
+  load -addr H:P [-conns N] [-bytes N]
+                                  against serve -sink: N connections one after another, each
+                                  timed from connect to the server's line (p50, p99), then one
+                                  that sends -bytes and waits for the count (MiB/s)
   id                              print uid=, gid=, groups=
   sleep [D]                       sleep for D (forever without it)`
 
@@ -80,7 +88,13 @@ func workloadStep(ctx context.Context, args []string, stdout io.Writer) (func() 
 	case "serve":
 		listen := fs.String("listen", ":8080", "address to listen on")
 		name := fs.String("name", os.Getenv("HOSTNAME"), "name the answers start with (default $HOSTNAME)")
-		run = func() error { return serve(ctx, *listen, *name, stdout) }
+		sink := fs.Bool("sink", false, "after the line, read until EOF and answer with the count")
+		run = func() error { return serve(ctx, *listen, *name, *sink, stdout) }
+	case "load":
+		addr := fs.String("addr", "", "address of a serve -sink (host:port)")
+		conns := fs.Int("conns", 200, "connections to time")
+		size := fs.Int64("bytes", 64<<20, "bytes to send through the last connection")
+		run = func() error { return load(ctx, *addr, *conns, *size, stdout) }
 	case "dial":
 		addr := fs.String("addr", "", "address to connect to (host:port)")
 		must := fs.Bool("must", false, "fail the chain (exit 1) when the dial fails")
@@ -112,8 +126,10 @@ func workloadStep(ctx context.Context, args []string, stdout io.Writer) (func() 
 		return nil, err
 	}
 	switch {
-	case args[0] == "dial" && fs.Lookup("addr").Value.String() == "":
-		return nil, errors.New("dial: -addr is required")
+	case (args[0] == "dial" || args[0] == "load") && fs.Lookup("addr").Value.String() == "":
+		return nil, fmt.Errorf("%s: -addr is required", args[0])
+	case args[0] == "load" && fs.Lookup("conns").Value.(flag.Getter).Get().(int) < 1:
+		return nil, errors.New("load: -conns must be at least 1")
 	case args[0] == "sleep" && fs.NArg() == 1:
 		d, err := time.ParseDuration(fs.Arg(0))
 		if err != nil || d <= 0 {
@@ -138,8 +154,9 @@ func Identity() string {
 }
 
 // serve answers every connection on addr with one line,
-// "<name> uid= gid= groups= peer=<remote> local=<local>", and closes it, until ctx ends.
-func serve(ctx context.Context, addr, name string, stdout io.Writer) error {
+// "<name> uid= gid= groups= peer=<remote> local=<local>", and closes it, until ctx ends. With
+// sink it then reads until the client's EOF and answers "received N bytes".
+func serve(ctx context.Context, addr, name string, sink bool, stdout io.Writer) error {
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
@@ -162,8 +179,61 @@ func serve(ctx context.Context, addr, name string, stdout io.Writer) error {
 			defer c.Close()
 			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 			fmt.Fprintf(c, "%s %s peer=%s local=%s\n", name, id, c.RemoteAddr(), c.LocalAddr())
+			if sink {
+				c.SetDeadline(time.Now().Add(5 * time.Minute))
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "received %d bytes\n", n)
+			}
 		}()
 	}
+}
+
+// load measures a serve -sink at addr: conns connections one after another, each from connect
+// to the server's line, then one that sends size bytes and reads the server's count. It prints
+// "load <addr> conns=N p50=D p99=D bytes=N seconds=S MiB/s=R".
+func load(ctx context.Context, addr string, conns int, size int64, stdout io.Writer) error {
+	took := make([]time.Duration, 0, conns)
+	for range conns {
+		start := time.Now()
+		if _, err := dialLine(ctx, addr, 5*time.Second); err != nil {
+			return fmt.Errorf("load %s: %w", addr, err)
+		}
+		took = append(took, time.Since(start))
+	}
+	slices.Sort(took)
+	p50, p99 := took[len(took)/2], took[min(len(took)-1, len(took)*99/100)]
+
+	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("load %s: %w", addr, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Minute))
+	r := bufio.NewReader(c)
+	if _, err := r.ReadString('\n'); err != nil {
+		return fmt.Errorf("load %s: the server's line: %w", addr, err)
+	}
+	start := time.Now()
+	if _, err := io.CopyN(c, zeros{}, size); err != nil {
+		return fmt.Errorf("load %s: send: %w", addr, err)
+	}
+	c.(*net.TCPConn).CloseWrite()
+	count, err := r.ReadString('\n')
+	elapsed := time.Since(start)
+	if want := fmt.Sprintf("received %d bytes\n", size); count != want {
+		return fmt.Errorf("load %s: the server answered %q (%v), want %q: is it a serve -sink?", addr, count, err, want)
+	}
+	fmt.Fprintf(stdout, "load %s conns=%d p50=%s p99=%s bytes=%d seconds=%.3f MiB/s=%.1f\n", addr, conns,
+		p50.Round(time.Microsecond), p99.Round(time.Microsecond), size, elapsed.Seconds(), float64(size)/(1<<20)/elapsed.Seconds())
+	return nil
+}
+
+// zeros reads as an endless run of zero bytes.
+type zeros struct{}
+
+func (zeros) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
 }
 
 // dialRetry dials addr and reads one line, trying again every 200ms for up to retry.

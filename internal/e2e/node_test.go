@@ -45,7 +45,8 @@ var (
 )
 
 // TestIntegrationNodeLeavesNothing starts a bare node (no images, no pods), checks that it
-// registers and is Ready, stops it, and checks that nothing of it is left on the host.
+// registers and is Ready, has two more nodes join it (one leaves on its own, the other with the
+// control-plane node), stops it, and checks that nothing of any of them is left on the host.
 func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	bin := requireNode(t)
 	testenv.LockHost(t) // no other package's test changes the host's links meanwhile
@@ -69,6 +70,34 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	}
 	if got := node.Status.Addresses; len(got) == 0 || got[0].Address != nodeIP.String() {
 		t.Errorf("node addresses %v, want %s first", got, nodeIP)
+	}
+	var joined []*Node
+	for _, name := range []string{"e2e-node-b", "e2e-node-c"} {
+		w, err := n.Join(ctx, name, Options{Taints: []string{StartupTaint + ":NoSchedule"}})
+		if err != nil {
+			n.Stop()
+			t.Fatal(err)
+		}
+		joined = append(joined, w)
+	}
+	for i, w := range joined {
+		got, err := n.Client.CoreV1().Nodes().Get(ctx, w.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := underlayAddr(i + 1).String(); len(got.Status.Addresses) == 0 || got.Status.Addresses[0].Address != want {
+			t.Errorf("node %s addresses %v, want %s first", w.Name, got.Status.Addresses, want)
+		}
+		// The API server reaches each kubelet over the underlay (logs, exec go this way).
+		if _, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx); err != nil {
+			t.Errorf("the API server cannot reach %s's kubelet: %v", w.Name, err)
+		}
+	}
+	if err := joined[0].Leave(); err != nil {
+		t.Errorf("node %s did not leave cleanly: %v", joined[0].Name, err)
+	}
+	if _, err := os.Stat(joined[0].Dir); !os.IsNotExist(err) && os.Getenv("DETOUR_E2E_KEEP") == "" {
+		t.Errorf("the directory of node %s is still there after it left (%v)", joined[0].Name, err)
 	}
 	dir, cgroup := n.Dir, n.cgroup
 	if err := n.Stop(); err != nil {

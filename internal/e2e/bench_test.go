@@ -155,11 +155,11 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 
 // BenchmarkNodeJoin measures, on the cluster, how long a node that joins takes to run a pod
 // that waits for it: from the moment it begins to join (its namespaces, containerd and kubelet
-// start) to the pod Ready, over
-// DETOUR_E2E_BENCH_JOINS joins (default 5) of each form, alternating — with detour (the node
-// registers with the startup taint and the agent's label, and the pod is injected) and without
-// (no taint, no agent, the same pod uninjected). Every image comes from the cluster's
-// registry, which the new node has never pulled from (make bench-e2e; docs/benchmarks.md).
+// start) to the pod Ready, over DETOUR_E2E_BENCH_JOINS joins (default 5) of each form,
+// alternating — with detour (the node registers with the startup taint and the agent's label,
+// and the pod is injected) and without (no taint, no agent, the same pod uninjected). Every
+// image comes from the cluster's registry, which the new node has never pulled from (make
+// bench-e2e; docs/benchmarks.md).
 func BenchmarkNodeJoin(b *testing.B) {
 	e := setUp(b)
 	ctx, cancel := testContext(b, e.node, 40*time.Minute)

@@ -120,14 +120,7 @@ func (n *Node) Leave() error {
 	for _, o := range cp.Nodes() {
 		errs = append(errs, o.routePods(n, false))
 	}
-	if n.holder != nil {
-		errs = append(errs, n.holder.close())
-	}
-	errs = append(errs, killCgroup(n.cgroup, 0), removeCgroup(n.cgroup))
-	if os.Getenv("DETOUR_E2E_KEEP") != "1" {
-		errs = append(errs, os.RemoveAll(n.Dir))
-	}
-	return errors.Join(errs...)
+	return errors.Join(append(errs, n.teardown())...)
 }
 
 // Nodes returns the cluster's nodes: the control-plane node first, then the nodes that joined

@@ -178,6 +178,13 @@ func (n *Node) Stop() error {
 	for _, w := range n.Nodes()[1:] {
 		errs = append(errs, w.Leave())
 	}
+	return errors.Join(append(errs, n.teardown())...)
+}
+
+// teardown ends the node's holder and with it every process of the node, removes its cgroups
+// and, unless DETOUR_E2E_KEEP=1, its directory.
+func (n *Node) teardown() error {
+	var errs []error
 	if n.holder != nil {
 		errs = append(errs, n.holder.close())
 	}

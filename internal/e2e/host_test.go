@@ -168,7 +168,7 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 	start := time.Now()
 	err = poll(ctx, time.Minute, func() (bool, error) { return false, seen("a condition that never holds") })
 	t.Logf("a wait with the kubelet dead: %v", err)
-	if err == nil || !strings.Contains(err.Error(), "node component kubelet exited") || time.Since(start) > 10*time.Second {
+	if err == nil || !strings.Contains(err.Error(), "component kubelet exited") || time.Since(start) > 10*time.Second {
 		t.Errorf("a wait while the kubelet was dead ended after %s with %v; want it to end at once naming the kubelet", time.Since(start).Round(time.Millisecond), err)
 	}
 }

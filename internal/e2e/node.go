@@ -316,8 +316,8 @@ func (n *Node) EnsureRunning(ctx context.Context, names ...string) error {
 }
 
 // Watch returns a context that ends, with the reason as its cause, when a component of the
-// node exits without being stopped: every wait on that context then ends at once and says
-// why, instead of waiting out its timeout on a dead node.
+// node, or of a node that joined it, exits without being stopped: every wait on that context
+// then ends at once and says why, instead of waiting out its timeout on a dead node.
 func (n *Node) Watch(parent context.Context) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(parent)
 	go func() {
@@ -329,20 +329,33 @@ func (n *Node) Watch(parent context.Context) (context.Context, context.CancelFun
 				return
 			case <-tick.C:
 			}
-			n.mu.Lock()
-			names := slices.Collect(maps.Keys(n.pids))
-			n.mu.Unlock()
-			slices.Sort(names)
-			for _, name := range names {
-				if code, ok := n.exited(name); ok {
-					cancel(fmt.Errorf("node component %s exited with code %d; its log %s ends with:\n%s",
-						name, code, n.logPath(name), tail(n.Log(name), 20)))
-					return
+			for _, node := range n.Nodes() {
+				name, code, ok := node.deadComponent()
+				// A node that leaves is out of the cluster before its components are killed.
+				if !ok || (node != n && !slices.Contains(n.Nodes(), node)) {
+					continue
 				}
+				cancel(fmt.Errorf("node %s: component %s exited with code %d; its log %s ends with:\n%s",
+					node.Name, name, code, node.logPath(name), tail(node.Log(name), 20)))
+				return
 			}
 		}
 	}()
 	return ctx, func() { cancel(context.Canceled) }
+}
+
+// deadComponent returns the first component (by name) that exited without being stopped.
+func (n *Node) deadComponent() (name string, code int, ok bool) {
+	n.mu.Lock()
+	names := slices.Collect(maps.Keys(n.pids))
+	n.mu.Unlock()
+	slices.Sort(names)
+	for _, name := range names {
+		if code, ok := n.exited(name); ok {
+			return name, code, true
+		}
+	}
+	return "", 0, false
 }
 
 // ready reports whether component name answers.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -93,11 +94,27 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 			t.Errorf("the API server cannot reach %s's kubelet: %v", w.Name, err)
 		}
 	}
+	watched, stopWatch := n.Watch(ctx)
+	defer stopWatch()
 	if err := joined[0].Leave(); err != nil {
 		t.Errorf("node %s did not leave cleanly: %v", joined[0].Name, err)
 	}
 	if _, err := os.Stat(joined[0].Dir); !os.IsNotExist(err) && os.Getenv("DETOUR_E2E_KEEP") == "" {
 		t.Errorf("the directory of node %s is still there after it left (%v)", joined[0].Name, err)
+	}
+	// A node that leaves is no dead node; a joined node's component that dies ends every wait
+	// on the watched context at once, naming the node.
+	sleepCtx(watched, 2500*time.Millisecond)
+	if err := context.Cause(watched); err != nil {
+		t.Errorf("the watch ended when node %s left: %v", joined[0].Name, err)
+	}
+	if err := syscall.Kill(joined[1].pid("kubelet"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	err = poll(watched, time.Minute, func() (bool, error) { return false, seen("a condition that never holds") })
+	if want := "node " + joined[1].Name + ": component kubelet exited"; err == nil || !strings.Contains(err.Error(), want) || time.Since(killed) > 10*time.Second {
+		t.Errorf("a wait with %s's kubelet dead ended after %s with %v; want it to end at once with %q", joined[1].Name, time.Since(killed).Round(time.Millisecond), err, want)
 	}
 	dir, cgroup := n.Dir, n.cgroup
 	if err := n.Stop(); err != nil {

@@ -55,6 +55,8 @@ type Agent struct {
 
 	// labelRemoved: the ready label is known to be off the node (set by the reconcile only).
 	labelRemoved bool
+	// nodeGone: the node's Node object is deleted, and detour is kept off the node (Run only).
+	nodeGone bool
 	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
 	beforeReplace func()
 	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
@@ -214,7 +216,7 @@ func (a *Agent) Ready() (bool, string) {
 	s := a.Status()
 	switch {
 	case s.Uninstalled:
-		return true, "detour is uninstalled from this node"
+		return true, cmp.Or(s.Reason, "detour is uninstalled from this node")
 	case !s.Ready(a.node != nil):
 		return false, s.Reason
 	case a.tokens == nil:
@@ -863,7 +865,9 @@ func hasEntry(conflist []byte) bool {
 // expires. Each reconcile writes only what differs, so the agent's own writes cause one more
 // reconcile that writes nothing: there is no write loop. Run returns when ctx ends and leaves
 // everything in place (a rollout must not open a window without the plugin) — unless, with
-// WithOwnPod, the agent's DaemonSet is being deleted: then it uninstalls first.
+// WithOwnPod, the agent's DaemonSet is being deleted: then it uninstalls first. With
+// WithNodeClient it also follows its Node object: deleted, detour comes off the node until the
+// node registers again (see watchNode).
 func (a *Agent) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -893,7 +897,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	token := time.NewTimer(time.Hour)
 	token.Stop()
 	defer token.Stop()
+	var nodeEvents <-chan bool
+	if a.node != nil {
+		nodeEvents = a.watchNode(ctx)
+	}
 	reconcile := func() {
+		if a.nodeGone {
+			a.removeFromDeletedNode()
+			a.passes.Add(1)
+			return
+		}
 		a.resolveOwner(ctx)
 		a.reconcileAndLog(ctx)
 		a.passes.Add(1)
@@ -940,6 +953,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			watch()
 			reconcile()
+		case exists := <-nodeEvents:
+			if a.followNode(ctx, exists) {
+				reconcile()
+			}
 		}
 	}
 }

@@ -147,13 +147,16 @@ func (a *Agent) tokenAccepted(ctx context.Context, token string) (bool, error) {
 // stopping runs when Run's context ends (SIGTERM): it uninstalls detour from the node when the
 // agent's DaemonSet is going away, and leaves everything in place otherwise.
 func (a *Agent) stopping() {
+	ctx, cancel := context.WithTimeout(context.Background(), ownerCheckTimeout)
+	defer cancel()
+	// A SIGTERM right after the start (helm uninstall during a rollout) can come before the
+	// first look at the agent's own pod finished.
+	a.resolveOwner(ctx)
 	if a.owner == nil || a.owner.uid == "" {
 		a.log.Info("stopping; detour's CNI configuration stays in place")
 		return
 	}
 	a.log.Info("SIGTERM: reading the agent's DaemonSet to tell a rollout from an uninstall", "daemonset", a.owner.namespace+"/"+a.owner.name)
-	ctx, cancel := context.WithTimeout(context.Background(), ownerCheckTimeout)
-	defer cancel()
 	gone, why := a.ownerGone(ctx)
 	if !gone {
 		a.log.Info("stopping; the DaemonSet stays, so detour's CNI configuration stays in place")

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -162,7 +163,7 @@ func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
 			ds, pod := daemonSetPodIn(t, f.admin, f.ns, node.Name, "detour-node")
 			f.allowTokenFor(t, "detour-node")
 			f.clusterRole(t, "detour-node", "agent",
-				rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}},
+				rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}},
 				rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get"}},
 				rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"}, Verbs: []string{"get"}})
 			// The kubelet mounts a token bound to the agent's pod.
@@ -212,5 +213,93 @@ func TestIntegrationUninstallWhenOwnTokenRefused(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A node whose Node object is deleted is leaving the cluster: the agent takes detour off its
+// disk — entry, binary, kubeconfig, token — while it still runs (the pod garbage collector
+// deletes its pod only 40 s later), and the node keeps its primary's configuration. When the
+// kubelet registers the node again, the agent installs detour again.
+func TestIntegrationUninstallWhenNodeDeleted(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	ctx := context.Background()
+	node := registerNode(t, client)
+	e := newEnv(t)
+	e.flags.NodeName = node.Name
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	a := e.agent(t, nodeagent.WithNodeClient(client))
+	run(t, a)
+	eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
+	detour := func() []string {
+		var found []string
+		if slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni") {
+			found = append(found, primary+" (entry)")
+		}
+		for _, dir := range []string{e.confDir, e.binDir} {
+			entries, _ := os.ReadDir(dir)
+			for _, f := range entries {
+				if f.Name() != filepath.Base(primary) {
+					found = append(found, filepath.Join(dir, f.Name()))
+				}
+			}
+		}
+		return found
+	}
+	if len(detour()) == 0 {
+		t.Fatal("the agent is ready but installed nothing")
+	}
+
+	if err := client.CoreV1().Nodes().Delete(ctx, node.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "detour to leave the deleted node's disk, and the agent to say why", func() bool {
+		ok, reason := a.Ready()
+		return len(detour()) == 0 && ok && strings.Contains(reason, "Node object is deleted")
+	})
+	if !slices.Equal(pluginTypes(t, readFile(t, primary)), pluginTypes(t, calico)) {
+		t.Errorf("the primary's conflist changed: %s", readFile(t, primary))
+	}
+	// Resyncs (every second here) leave it off while the node stays deleted.
+	time.Sleep(2500 * time.Millisecond)
+	if left := detour(); len(left) != 0 {
+		t.Fatalf("detour came back on a deleted node: %v", left)
+	}
+
+	again := node.DeepCopy()
+	again.ResourceVersion, again.UID = "", ""
+	if _, err := client.CoreV1().Nodes().Create(ctx, again, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "detour back on the node registered again", func() bool {
+		n, err := client.CoreV1().Nodes().Get(ctx, node.Name, metav1.GetOptions{})
+		return err == nil && n.Labels[annotations.CNIReadyLabel] == "true" && !hasStartupTaint(n) &&
+			slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni")
+	})
+}
+
+// helm uninstall during a rollout can send SIGTERM to a new agent before its first look at its
+// own pod: it looks then, and still uninstalls.
+func TestIntegrationUninstallAtSIGTERMBeforeTheFirstLook(t *testing.T) {
+	cfg := testenv.ControlPlane(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
+	node := registerNode(t, client)
+	ds, pod := daemonSetPod(t, client, node.Name)
+	e := newEnv(t)
+	e.flags.NodeName = node.Name
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, strings.Replace(calico, `{"portMappings": true}}`, `{"portMappings": true}}, {"type": "detour-cni"}`, 1))
+	if err := client.AppsV1().DaemonSets(ds.Namespace).Delete(context.Background(), ds.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := e.agent(t, nodeagent.WithNodeClient(client), nodeagent.WithOwnPod(pod.Namespace, pod.Name))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // SIGTERM before Run's first reconcile could read anything
+	if err := a.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni") {
+		t.Errorf("the entry stayed after SIGTERM with the DaemonSet deleted:\n%s", readFile(t, primary))
 	}
 }

@@ -259,7 +259,7 @@ func getReadyz(addr string) (int, string) {
 // and marks the node; without it, it never does, and says why.
 func TestIntegrationInstallCNIPluginServiceAccountCommand(t *testing.T) {
 	f := newRBACFixture(t)
-	nodeRule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "patch"}}
+	nodeRule := rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes"}, Verbs: []string{"get", "list", "watch", "patch"}}
 	start := func(t *testing.T, agentSA string, allowToken bool) (e *env, node *corev1.Node, addr string, stop func() string) {
 		e = newEnv(t)
 		f.agentIdentity(t, e, agentSA)

@@ -20,19 +20,7 @@ import (
 // kubeconfig and the token copy; and the node's ready label. It goes on after an error where
 // that is safe and returns them all; running it again finishes the job.
 func (a *Agent) Uninstall(ctx context.Context) error {
-	var errs []error
-	if err := a.removeAllEntries(); err != nil {
-		errs = append(errs, err)
-		errs = append(errs, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest))
-	} else {
-		for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath, filepath.Join(a.cfg.ConfDir, ModeFileName)} {
-			if removed, err := removeFile(f); err != nil {
-				errs = append(errs, err)
-			} else if removed {
-				a.log.Info("removed", "file", f)
-			}
-		}
-	}
+	errs := a.removeFiles()
 	if a.node != nil {
 		if err := a.node.unlabel(ctx); err != nil {
 			errs = append(errs, &labelError{err})
@@ -44,9 +32,25 @@ func (a *Agent) Uninstall(ctx context.Context) error {
 	if err != nil {
 		a.setStatus(Status{Reason: fmt.Sprintf("uninstall failed: %v", err)})
 	} else {
-		a.setStatus(Status{Uninstalled: true, Reason: "uninstalled"})
+		a.setStatus(Status{Uninstalled: true})
 	}
 	return err
+}
+
+// removeFiles is the part of Uninstall on the node's disk; it returns every failure.
+func (a *Agent) removeFiles() []error {
+	if err := a.removeAllEntries(); err != nil {
+		return []error{err, fmt.Errorf("kept %s, the plugin's kubeconfig and token while an entry remains: without them every pod's sandbox on the node would fail; fix the error above and uninstall again", a.binary.dest)}
+	}
+	var errs []error
+	for _, f := range []string{a.binary.dest, a.cfg.KubeconfigPath, a.cfg.TokenPath, filepath.Join(a.cfg.ConfDir, ModeFileName)} {
+		if removed, err := removeFile(f); err != nil {
+			errs = append(errs, err)
+		} else if removed {
+			a.log.Info("removed", "file", f)
+		}
+	}
+	return errs
 }
 
 // labelError is the failure to take the ready label off the node, the one part of an uninstall

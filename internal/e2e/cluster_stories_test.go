@@ -228,6 +228,7 @@ func clusterStories(t *testing.T, ctx context.Context, e *env) {
 		{"primary-rewrites-on-every-node", clusterRewrites},
 		{"drain", clusterDrain},
 		{"seed000-scale-out", clusterScaleOut},
+		{"removal", clusterRemoval}, // the last: B's Node object goes
 	} {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e, b) }) && ctx.Err() != nil {
 			return
@@ -587,6 +588,66 @@ func clusterDrain(t *testing.T, ctx context.Context, e *env, b *Node) {
 	if _, err := os.Stat(nodeDropIn(b)); err != nil {
 		t.Errorf("the drained node lost detour's configuration: %v", err)
 	}
+}
+
+// clusterRemoval: node B is drained and its Node object deleted, as a node pool scaling in
+// removes a node, its kubelet still running: the agent takes detour off B's disk (drop-in,
+// binary, kubeconfig, token) before the pod garbage collector deletes its pod, and the
+// control-plane node keeps its configuration.
+func clusterRemoval(t *testing.T, ctx context.Context, e *env, b *Node) {
+	before, err := detourFiles(b)
+	if err != nil || len(before) == 0 {
+		t.Fatalf("nothing of detour on %s before its removal (%v): the story proves nothing", b.Name, err)
+	}
+	if out, stderr, err := e.node.Kubectl(ctx, "drain", b.Name, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout", "3m"); err != nil {
+		t.Fatalf("kubectl drain %s: %v\n%s\n%s", b.Name, err, out, stderr)
+	}
+	logs, err := e.holdAgentLogs(ctx, b) // read from B's disk: without its Node, no kubectl logs
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	start := time.Now()
+	if out, stderr, err := e.node.Kubectl(ctx, "delete", "node", b.Name); err != nil {
+		t.Fatalf("kubectl delete node %s: %v\n%s\n%s", b.Name, err, out, stderr)
+	}
+	waitFor(t, ctx, "nothing of detour left on "+b.Name+"'s disk", time.Minute, func() (bool, error) {
+		left, err := detourFiles(b)
+		return err == nil && len(left) == 0, seen("left: %v (%v)", left, err)
+	})
+	t.Logf("node %s deleted: nothing of detour on its disk %s later (before it: %d files)", b.Name, time.Since(start).Round(100*time.Millisecond), len(before))
+	// The agent did it as it saw the Node go: its pod's deletion by the garbage collector comes
+	// later, and its SIGTERM, with the DaemonSet in place, would leave everything.
+	if log := logs.read(); !strings.Contains(log, "the node's Node object is deleted") || strings.Contains(log, "SIGTERM") {
+		t.Errorf("the agent on %s does not say it removed detour because the Node was deleted, or did at SIGTERM:\n%s", b.Name, tail(log, 20))
+	}
+	if left, err := e.detourConfigs(); err != nil || len(left) == 0 {
+		t.Errorf("the control-plane node lost detour's configuration with %s's removal: %v %v", b.Name, left, err)
+	}
+}
+
+// detourFiles lists what the node agent writes on n's disk that is still there: in the CNI
+// conf dir (recursively) a file named for detour or naming detour-cni, in the bin dir the plugin.
+func detourFiles(n *Node) ([]string, error) {
+	var found []string
+	err := filepath.WalkDir(n.CNIConfDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if strings.Contains(d.Name(), "detour") || strings.Contains(string(data), "detour-cni") {
+			found = append(found, path)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	bins, err := filepath.Glob(filepath.Join(n.CNIBinDir, "*detour*"))
+	return append(found, bins...), err
 }
 
 // clusterScaleOut is seed 000 as its reporter saw it: a node pool at capacity (every node

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -69,6 +70,79 @@ func (e *env) agentLog(t testing.TB, ctx context.Context) string {
 		t.Fatalf("find the node agent's pod on %s: %v", e.node.Name, err)
 	}
 	return e.logs(ctx, detourNamespace, p.Name, "install-cni")
+}
+
+// heldLogs are the node agent's container logs on a node, held open so that what the agent
+// writes until it exits can be read after the kubelet removed the files.
+type heldLogs struct{ files []*os.File }
+
+// holdAgentLogs opens the running container log (<restart count>.log, the highest) of every
+// node agent's pod on node n.
+func (e *env) holdAgentLogs(ctx context.Context, n *Node) (*heldLogs, error) {
+	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/component=node-agent", FieldSelector: "spec.nodeName=" + n.Name,
+	})
+	if err != nil {
+		return nil, err
+	}
+	h := &heldLogs{}
+	for _, p := range pods.Items {
+		dir := filepath.Join(n.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni")
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("the node agent's log on the node: %w", err)
+		}
+		newest, restarts := "", -1
+		for _, e := range entries {
+			if n, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".log")); err == nil && n > restarts {
+				newest, restarts = e.Name(), n
+			}
+		}
+		if restarts < 0 {
+			h.Close()
+			return nil, fmt.Errorf("the node agent's log on the node: no <n>.log in %s", dir)
+		}
+		f, err := os.Open(filepath.Join(dir, newest))
+		if err != nil {
+			h.Close()
+			return nil, fmt.Errorf("the node agent's log on the node: %w", err)
+		}
+		h.files = append(h.files, f)
+	}
+	return h, nil
+}
+
+// read returns what the agents logged since the last read (the first: since they started).
+func (h *heldLogs) read() string {
+	var b strings.Builder
+	for _, f := range h.files {
+		rest, _ := io.ReadAll(f) // to the file's end, which is the agent's exit once it exited
+		b.Write(rest)
+	}
+	return b.String()
+}
+
+// atSIGTERM reads the logs on (see read) and returns the messages of the agent's decision at
+// SIGTERM, each followed by a space.
+func (h *heldLogs) atSIGTERM() string {
+	var decision string
+	for line := range strings.Lines(h.read()) {
+		if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || strings.Contains(line, "uninstall") ||
+			(strings.Contains(line, "token") && strings.Contains(line, "refuses")) {
+			if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
+				line = msg
+			}
+			decision += strings.TrimSpace(line) + " "
+		}
+	}
+	return decision
+}
+
+func (h *heldLogs) Close() {
+	for _, f := range h.files {
+		f.Close()
+	}
 }
 
 // dropInSurvivesRewrites: on containerd 2.4 the agent's auto mode installs detour as the

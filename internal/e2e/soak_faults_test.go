@@ -16,7 +16,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -120,54 +119,20 @@ func (s *soak) logFaults() {
 // removal of the file cannot hide it: a deleted pod, forced or not, is no uninstall.
 func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	const selector = "app.kubernetes.io/component=node-agent"
-	pods, err := s.e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: selector})
+	logs, err := s.e.holdAgentLogs(ctx, s.e.node)
 	if err != nil {
 		return "", err
 	}
-	// The running container's log: <restart count>.log, the highest of its pod's.
-	var logs []*os.File
-	for _, p := range pods.Items {
-		dir := filepath.Join(s.e.node.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni")
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			return "", fmt.Errorf("the node agent's log on the node: %w", err)
-		}
-		newest, restarts := "", -1
-		for _, e := range entries {
-			if n, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".log")); err == nil && n > restarts {
-				newest, restarts = e.Name(), n
-			}
-		}
-		if restarts < 0 {
-			return "", fmt.Errorf("the node agent's log on the node: no <n>.log in %s", dir)
-		}
-		f, err := os.Open(filepath.Join(dir, newest))
-		if err != nil {
-			return "", fmt.Errorf("the node agent's log on the node: %w", err)
-		}
-		defer f.Close()
-		logs = append(logs, f)
-	}
+	defer logs.Close()
 	detail, err := s.deleteOne(ctx, selector, 1, forced)
 	if err != nil {
 		return detail, err
 	}
-	var decision string
-	for _, f := range logs {
-		b, _ := io.ReadAll(f) // the rest of the file, to its end at the agent's exit
-		for line := range strings.Lines(string(b)) {
-			if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || (strings.Contains(line, "token") && strings.Contains(line, "refuses")) {
-				if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
-					line = msg
-				}
-				decision += strings.TrimSpace(line) + " "
-			}
-		}
-	}
+	decision := logs.atSIGTERM()
 	switch {
 	case !strings.Contains(decision, "stopping"):
 		// The kubelet gives a force-deleted pod's containers 2 s after SIGTERM.
-		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM, killed first: %q", detail, len(logs), decision), nil
+		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM, killed first: %q", detail, len(logs.files), decision), nil
 	case strings.Contains(decision, "uninstalling"):
 		return detail, fmt.Errorf("%s; the agent uninstalled detour at SIGTERM: %s", detail, decision)
 	}

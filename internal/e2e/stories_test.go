@@ -548,6 +548,23 @@ func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 	if err != nil || len(web) == 0 {
 		t.Fatalf("no web pod to keep running: %v", err)
 	}
+	// As docs/operations.md says: not in the middle of the agent's rollout (helm upgrade --wait
+	// returns once the new pod is scheduled: maxUnavailable rounds up to the one node), whose
+	// new pod would be deleted before it could remove anything.
+	if stdout, stderr, err := e.node.Kubectl(ctx, "-n", detourNamespace, "rollout", "status", "daemonset/detour-node-agent", "--timeout=3m"); err != nil {
+		t.Fatalf("kubectl rollout status: %v\n%s%s", err, stdout, stderr)
+	}
+	// What the agent decided at SIGTERM, for when its configuration stays.
+	logs, err := e.holdAgentLogs(ctx, e.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	defer func() {
+		if t.Failed() {
+			t.Logf("the node agent's log at SIGTERM: %s", logs.atSIGTERM())
+		}
+	}()
 	if out, err := e.node.Helm(ctx, "uninstall", "detour", "--namespace", detourNamespace, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
 	}

@@ -89,8 +89,14 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 		if want := underlayAddr(i + 1).String(); len(got.Status.Addresses) == 0 || got.Status.Addresses[0].Address != want {
 			t.Errorf("node %s addresses %v, want %s first", w.Name, got.Status.Addresses, want)
 		}
-		// The API server reaches each kubelet over the underlay (logs, exec go this way).
-		if _, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx); err != nil {
+		// The API server reaches each kubelet over the underlay (logs, exec go this way). A
+		// node is Ready before the API server's first connection to its kubelet: give it the
+		// few seconds a busy machine takes.
+		err = poll(ctx, 30*time.Second, func() (bool, error) {
+			_, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx)
+			return err == nil, err
+		})
+		if err != nil {
 			t.Errorf("the API server cannot reach %s's kubelet: %v", w.Name, err)
 		}
 	}

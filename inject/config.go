@@ -78,6 +78,10 @@ type Config struct {
 	SidecarMode    SidecarMode
 	// ExcludeNamespaces are never injected, whatever their annotations say.
 	ExcludeNamespaces []string
+	// DefaultInject is what a pod whose detour.dev/inject is set neither on it nor on its
+	// namespace gets: disabled (opt-in per namespace or pod), or enabled (the whole mesh, with
+	// opt-out per namespace or pod).
+	DefaultInject annotations.InjectMode
 }
 
 // Proxy is the template of the injected proxy container.
@@ -152,6 +156,8 @@ type File struct {
 	// ExcludeNamespaces; unset means kube-system, kube-public and kube-node-lease, an empty
 	// list means none.
 	ExcludeNamespaces *[]string `json:"excludeNamespaces,omitempty"`
+	// DefaultInject: "disabled" (the default) or "enabled".
+	DefaultInject string `json:"defaultInject,omitempty"`
 }
 
 // ProxyFile is the proxy section of [File].
@@ -477,8 +483,17 @@ func (f *File) completeGIDRange(c *Config, check func(error)) {
 	}
 }
 
-// completePolicies fills in the conflict policy, the sidecar mode and the excluded namespaces.
+// completePolicies fills in the conflict policy, the sidecar mode, the excluded namespaces and
+// the default of detour.dev/inject.
 func (f *File) completePolicies(c *Config, check func(error)) {
+	c.DefaultInject = annotations.InjectDisabled
+	if f.DefaultInject != "" {
+		if m, err := annotations.ParseInjectMode(f.DefaultInject); err != nil {
+			check(invalid("defaultInject", strconv.Quote(f.DefaultInject), "use \"disabled\" (namespaces and pods opt in with %s: enabled) or \"enabled\" (every pod but the excluded namespaces', which opt out with %s: disabled)", annotations.Inject, annotations.Inject))
+		} else {
+			c.DefaultInject = m
+		}
+	}
 	switch ConflictPolicy(f.ConflictPolicy) {
 	case "":
 		c.ConflictPolicy = ConflictWarn

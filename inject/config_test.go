@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/version"
 )
 
@@ -26,7 +27,7 @@ func TestParseConfigDefaults(t *testing.T) {
 		t.Errorf("validator defaults = %+v", v)
 	}
 	if !cfg.InitEgress.All || cfg.GIDRange != (GIDRange{2600, 2699}) || cfg.ConflictPolicy != ConflictWarn || cfg.SidecarMode != SidecarAuto ||
-		strings.Join(cfg.ExcludeNamespaces, ",") != "kube-system,kube-public,kube-node-lease" {
+		strings.Join(cfg.ExcludeNamespaces, ",") != "kube-system,kube-public,kube-node-lease" || cfg.DefaultInject != annotations.InjectDisabled {
 		t.Errorf("defaults = %+v", cfg)
 	}
 	none, err := ParseConfig([]byte("proxy: {image: p, resources: {}}\nexcludeNamespaces: []\n"))
@@ -62,6 +63,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{"proxy: {image: p}\nconflictPolicy: block", `conflictPolicy: "block" is not valid: use "warn" or "deny"`},
 		{"proxy: {image: p}\nsidecarMode: sidecar", `sidecarMode: "sidecar" is not valid`},
 		{"proxy: {image: p}\nexcludeNamespaces: [Kube_System]", `excludeNamespaces[0]: "Kube_System" is not valid`},
+		{"proxy: {image: p}\ndefaultInject: all", `defaultInject: "all" is not valid: use "disabled"`},
 		{"proxy: {image: p}\nproxyy: {}", `unknown field "proxyy"`},
 		{"proxy: [1]", "decode"},
 	} {
@@ -103,6 +105,7 @@ func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte("proxy: {image: proxy:1}\n"))
 	f.Add([]byte("proxy: {image: p, uid: 1000, inboundPort: 15006, outboundPort: 15001, adminPorts: [15020, 15021]}\nvalidator: {uid: 1001, sentinel: \"192.0.2.1:80\", sentinel6: \"[2001:db8::1]:80\"}\ngidRange: {first: 3000, last: 3010}\nconflictPolicy: deny\nsidecarMode: native\ninitEgress: \"migrate,fetch\"\n"))
 	f.Add([]byte("proxy: {image: p, resources: {requests: {cpu: 1}}}\nexcludeNamespaces: []\n"))
+	f.Add([]byte("proxy: {image: p}\ndefaultInject: enabled\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		cfg, err := ParseConfig(data)
 		if err != nil {
@@ -120,6 +123,8 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("accepted gidRange %v", cfg.GIDRange)
 		case cfg.GIDRange.Contains(p.GID) || cfg.GIDRange.Contains(v.GID):
 			t.Fatalf("accepted gidRange %v holding the proxy's GID %d or the validator's %d", cfg.GIDRange, p.GID, v.GID)
+		case cfg.DefaultInject != annotations.InjectEnabled && cfg.DefaultInject != annotations.InjectDisabled:
+			t.Fatalf("accepted defaultInject %q", cfg.DefaultInject)
 		}
 	})
 }

@@ -141,6 +141,9 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		if err != nil {
 			return Result{}, err
 		}
+		if mode == "" && cfg.DefaultInject == annotations.InjectEnabled {
+			mode = annotations.InjectEnabled // the mesh-wide default
+		}
 		reason = optInSkipReason(mode)
 	}
 	// A misspelt key is ignored like any annotation detour does not read; say so, or its

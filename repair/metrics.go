@@ -184,10 +184,11 @@ func (p podStates) Collect(ch chan<- prometheus.Metric) {
 }
 
 // optedIn reports whether pod asks for injection — its own detour.dev/inject, else its
-// namespace's — and is one the webhook would inject: not [NeverInjected], not in kube-system
-// (which the chart's webhook configuration never selects).
+// namespace's, else the webhook's default — and is one the webhook would inject: not
+// [NeverInjected], not in kube-system (which the chart's webhook configuration never selects)
+// nor in a namespace the webhook excludes.
 func (c *Controller) optedIn(pod *corev1.Pod) bool {
-	if NeverInjected(pod) || pod.Namespace == metav1.NamespaceSystem {
+	if NeverInjected(pod) || pod.Namespace == metav1.NamespaceSystem || c.cfg.ExcludeNamespaces[pod.Namespace] {
 		return false
 	}
 	v, ok := pod.Annotations[annotations.Inject]
@@ -196,7 +197,9 @@ func (c *Controller) optedIn(pod *corev1.Pod) bool {
 		if err != nil {
 			return false
 		}
-		v = ns.Annotations[annotations.Inject]
+		if v, ok = ns.Annotations[annotations.Inject]; !ok {
+			return c.cfg.InjectByDefault
+		}
 	}
 	return v == string(annotations.InjectEnabled)
 }

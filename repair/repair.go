@@ -52,6 +52,11 @@ type Flags struct {
 	// RecreatingOwners are the controllers, as group/Kind, known to recreate a pod that is
 	// deleted: only their pods are deleted. Every other owned pod is annotated like a bare one.
 	RecreatingOwners []string
+	// DefaultInject and ExcludeNamespaces are the webhook's (its configuration's defaultInject
+	// and excludeNamespaces): which pods ask for injection, for the count of those running
+	// without it.
+	DefaultInject     string
+	ExcludeNamespaces []string
 }
 
 // DefaultRecreatingOwners are the built-in controllers that replace a deleted pod without
@@ -62,7 +67,8 @@ var DefaultRecreatingOwners = []string{"apps/ReplicaSet", "apps/StatefulSet", "a
 
 // DefaultFlags returns the defaults.
 func DefaultFlags() Flags {
-	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true, RecreatingOwners: slices.Clone(DefaultRecreatingOwners)}
+	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true, RecreatingOwners: slices.Clone(DefaultRecreatingOwners),
+		DefaultInject: string(annotations.InjectDisabled), ExcludeNamespaces: []string{"kube-system", "kube-public", "kube-node-lease"}}
 }
 
 // Config is a validated controller configuration; only [Flags.Parse] makes one.
@@ -73,6 +79,11 @@ type Config struct {
 	RequireCNIReady bool
 	// RecreatingOwners holds the group/Kind of the controllers whose pods are deleted.
 	RecreatingOwners map[string]bool
+	// InjectByDefault: a pod whose detour.dev/inject is set neither on it nor on its namespace
+	// asks for injection (the webhook's defaultInject: enabled).
+	InjectByDefault bool
+	// ExcludeNamespaces are never injected.
+	ExcludeNamespaces map[string]bool
 }
 
 // Parse validates the flags. Errors name the flag, the value and what a valid one looks like.
@@ -94,7 +105,19 @@ func (f Flags) Parse() (Config, error) {
 		}
 		owners[o] = true
 	}
-	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady, RecreatingOwners: owners}, nil
+	mode, err := annotations.ParseInjectMode(f.DefaultInject)
+	if err != nil {
+		return Config{}, fmt.Errorf("invalid --default-inject %q: use the webhook's defaultInject, \"disabled\" or \"enabled\"", f.DefaultInject)
+	}
+	excluded := map[string]bool{}
+	for _, ns := range f.ExcludeNamespaces {
+		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
+			return Config{}, fmt.Errorf("invalid --exclude-namespaces entry %q: it must be a namespace's name: %s", ns, strings.Join(errs, "; "))
+		}
+		excluded[ns] = true
+	}
+	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady, RecreatingOwners: owners,
+		InjectByDefault: mode == annotations.InjectEnabled, ExcludeNamespaces: excluded}, nil
 }
 
 // ownerKind is an owner reference as group/Kind.

@@ -152,6 +152,8 @@ func TestFlagsParse(t *testing.T) {
 		{func(f *Flags) { f.Burst = 0 }, "--burst 0"},
 		{func(f *Flags) { f.RecreatingOwners = []string{"ReplicaSet"} }, `--recreating-owners entry "ReplicaSet"`},
 		{func(f *Flags) { f.RecreatingOwners = []string{"apps/"} }, `--recreating-owners entry "apps/"`},
+		{func(f *Flags) { f.DefaultInject = "all" }, `--default-inject "all": use the webhook's defaultInject, "disabled" or "enabled"`},
+		{func(f *Flags) { f.ExcludeNamespaces = []string{"Kube_System"} }, `--exclude-namespaces entry "Kube_System"`},
 	} {
 		f := DefaultFlags()
 		f.NodeName = "node-1"
@@ -413,10 +415,13 @@ func TestRun(t *testing.T) {
 
 // newNodeController returns a controller of node-1 on client with the default flags, logging
 // nowhere.
-func newNodeController(t *testing.T, client *fake.Clientset) *Controller {
+func newNodeController(t *testing.T, client *fake.Clientset, modify ...func(*Flags)) *Controller {
 	t.Helper()
 	flags := DefaultFlags()
 	flags.NodeName = "node-1"
+	for _, m := range modify {
+		m(&flags)
+	}
 	cfg, _ := flags.Parse()
 	c, err := New(client, cfg, WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
@@ -641,8 +646,23 @@ func TestSyncWaitsForThisBootsReadiness(t *testing.T) {
 }
 
 // detour_repair_pods counts the node's pods by state, from the caches: injected, caught
-// (injected, no redirect), and uninjected though opted in (by the pod or its namespace).
+// (injected, no redirect), and uninjected though opted in (by the pod or its namespace, or,
+// with the webhook's defaultInject enabled, by neither saying otherwise).
 func TestPodStates(t *testing.T) {
+	for _, tc := range []struct {
+		defaultInject string
+		uninjected    float64
+	}{
+		{"disabled", 2}, // missed, own-opt-in
+		{"enabled", 3},  // and plain, whose namespace says nothing
+	} {
+		t.Run("defaultInject "+tc.defaultInject, func(t *testing.T) {
+			testPodStates(t, tc.defaultInject, tc.uninjected)
+		})
+	}
+}
+
+func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 	pod := func(name, ns string, annots map[string]string, mutate ...func(*corev1.Pod)) *corev1.Pod {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, UID: types.UID("uid-" + name), Annotations: annots},
 			Spec: corev1.PodSpec{NodeName: "node-1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
@@ -652,31 +672,36 @@ func TestPodStates(t *testing.T) {
 		return p
 	}
 	enabled := map[string]string{annotations.Inject: "enabled"}
+	disabled := map[string]string{annotations.Inject: "disabled"}
 	objs := []runtime.Object{
 		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}, // not ready: nothing is repaired
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Annotations: enabled}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "off", Annotations: disabled}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-public"}},
 		pod("meshed", "shop", injected),
 		failedPod("caught", nil),
 		pod("missed", "shop", nil),
-		pod("opted-out", "shop", map[string]string{annotations.Inject: "disabled"}),
+		pod("opted-out", "shop", disabled),
 		pod("own-opt-in", "plain", enabled),
 		pod("plain", "plain", nil),
+		pod("off", "off", nil),
 		pod("host", "shop", nil, func(p *corev1.Pod) { p.Spec.HostNetwork = true }),
 		pod("done", "shop", nil, func(p *corev1.Pod) { p.Status.Phase = corev1.PodSucceeded }),
 		// Pods the webhook never injects, whatever they ask for.
 		pod("mirror", "shop", map[string]string{corev1.MirrorPodAnnotationKey: "x"}),
 		pod("system", "kube-system", enabled),
+		pod("public", "kube-public", nil), // excluded (the webhook's default excludeNamespaces)
 		pod("ours", "shop", nil, func(p *corev1.Pod) { p.Labels = map[string]string{"app.kubernetes.io/part-of": "detour"} }),
 	}
-	c := newNodeController(t, fake.NewClientset(objs...))
+	c := newNodeController(t, fake.NewClientset(objs...), func(f *Flags) { f.DefaultInject = defaultInject })
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c.Collector())
 	if families, err := reg.Gather(); err != nil || len(families) != 0 {
 		t.Fatalf("before the caches synced: %v, %v; want nothing", families, err)
 	}
 	runController(t, c)
-	want := map[string]float64{StateInjected: 2, StateCaught: 1, StateUninjected: 2}
+	want := map[string]float64{StateInjected: 2, StateCaught: 1, StateUninjected: uninjected}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		got := map[string]float64{}

@@ -140,7 +140,9 @@ type env struct {
 	webhookAddr string
 }
 
-func startEnv(t *testing.T) *env {
+// startEnv starts the API server and the webhook, its configuration the test one plus extra
+// (YAML lines).
+func startEnv(t *testing.T, extra ...string) *env {
 	testenv.Binary(t, "kube-apiserver")
 	testenv.Binary(t, "etcd")
 	e := testenv.NewEnvironment()
@@ -163,7 +165,7 @@ proxy:
   startupProbe: {tcpSocket: {port: 4191}}
 validator:
   image: detour:test
-`))
+` + strings.Join(extra, "\n")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -551,6 +553,42 @@ func equalJSON(t *testing.T, a, b any) bool {
 
 // With --cert-secret the webhook makes its own CA and certificate, serves it, and sets the
 // caBundle of its webhook configuration.
+// With defaultInject enabled the API server's pods are injected mesh-wide: every namespace
+// that does not say otherwise, but the excluded ones and detour's own; namespaces and pods opt
+// out with detour.dev/inject: disabled, and a pod opts back in.
+func TestIntegrationWebhookMeshWide(t *testing.T) {
+	e := startEnv(t, "defaultInject: enabled")
+	ctx := context.Background()
+	plain := e.namespace(t, nil)
+	legacy := e.namespace(t, map[string]string{annotations.Inject: "disabled"})
+	if _, err := e.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "detour-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	hostNetwork := testPod("host", nil)
+	hostNetwork.Spec.HostNetwork = true
+	for _, tc := range []struct {
+		ns       string
+		pod      *corev1.Pod
+		injected bool
+	}{
+		{plain, testPod("plain", nil), true},
+		{plain, testPod("opted-out", map[string]string{annotations.Inject: "disabled"}), false},
+		{plain, hostNetwork, false},
+		{legacy, testPod("legacy", nil), false},
+		{legacy, testPod("opted-in", map[string]string{annotations.Inject: "enabled"}), true},
+		{"kube-public", testPod("public", nil), false}, // excludeNamespaces' default
+		{"detour-system", testPod("own", nil), false},  // the webhook's own namespace
+	} {
+		got, err := e.client.CoreV1().Pods(tc.ns).Create(ctx, tc.pod, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create %s/%s: %v", tc.ns, tc.pod.Name, err)
+		}
+		if injected := annotations.IsInjected(got.Annotations); injected != tc.injected {
+			t.Errorf("pod %s/%s: injected %v, want %v (containers %v, init %v)", tc.ns, tc.pod.Name, injected, tc.injected, names(got.Spec.Containers), names(got.Spec.InitContainers))
+		}
+	}
+}
+
 func TestIntegrationSelfManagedCertificates(t *testing.T) {
 	restCfg := testenv.ControlPlane(t)
 	client := kubernetes.NewForConfigOrDie(restCfg)

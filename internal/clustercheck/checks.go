@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 )
 
 // state is what several checks read: listed once.
@@ -28,9 +29,11 @@ type state struct {
 	// nothing exempts them (see [uninjectedCandidate]).
 	uninjected []corev1.Pod
 	podsErr    error
-	optedIn    []string // namespaces annotated detour.dev/inject=enabled
-	nsLabels   map[string]map[string]string
-	nsErr      error
+	optedIn    []string // namespaces annotated detour.dev/inject=enabled, or unannotated under meshWide
+	// meshWide: the webhook's configuration says defaultInject: enabled.
+	meshWide bool
+	nsLabels map[string]map[string]string
+	nsErr    error
 }
 
 func (c *Checker) load(ctx context.Context) *state {
@@ -53,13 +56,16 @@ func (c *Checker) load(ctx context.Context) *state {
 		}
 	}
 	s.deploy, s.deployErr = c.client.AppsV1().Deployments(c.namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	var excluded map[string]bool
+	s.meshWide, excluded = c.meshWide(ctx)
 	if nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
 		s.nsErr = fmt.Errorf("list namespaces: %w", err)
 	} else {
 		s.nsLabels = map[string]map[string]string{}
 		for _, ns := range nss.Items {
 			s.nsLabels[ns.Name] = ns.Labels
-			if ns.Annotations[annotations.Inject] == "enabled" {
+			v, set := ns.Annotations[annotations.Inject]
+			if v == string(annotations.InjectEnabled) || (!set && s.meshWide && !excluded[ns.Name]) {
 				s.optedIn = append(s.optedIn, ns.Name)
 			}
 		}
@@ -88,6 +94,27 @@ func (c *Checker) load(ctx context.Context) *state {
 		}
 	}
 	return s
+}
+
+// meshWide reads the webhook's configuration (its ConfigMap): whether it injects the pods of
+// namespaces without detour.dev/inject (defaultInject: enabled), and then the namespaces it
+// never injects: its excludeNamespaces, its own, and the ones the chart's namespaceSelector
+// leaves out. A configuration that cannot be read or parsed counts as opt-in only (the
+// validator-mode check reports it).
+func (c *Checker) meshWide(ctx context.Context) (bool, map[string]bool) {
+	cm, err := c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{})
+	if err != nil {
+		return false, nil
+	}
+	cfg, err := inject.ParseConfig([]byte(cm.Data["config.yaml"]))
+	if err != nil || cfg.DefaultInject != annotations.InjectEnabled {
+		return false, nil
+	}
+	excluded := map[string]bool{c.namespace: true}
+	for _, ns := range append(cfg.ExcludeNamespaces, neverInjected...) {
+		excluded[ns] = true
+	}
+	return true, excluded
 }
 
 // cannot is the result of a check that could not read what it needs.

@@ -489,6 +489,25 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"uninjected-pods": {Warning, "2 pods of opted-in namespaces run without detour: shop/bare, shop/web-2; 1 finished pod of opted-in namespaces ran without detour: shop/done"}}},
+		{name: "mesh-wide: namespaces without the annotation count as opted in", change: func(f *fixture) {
+			f.cm.Data["config.yaml"] += "defaultInject: enabled\n"
+			plain := func(ns, name string) *corev1.Pod {
+				p := injectedPod(ns, name, 0)
+				p.Annotations, p.Spec.InitContainers, p.Status.InitContainerStatuses = nil, nil, nil
+				return p
+			}
+			f.objects = append(f.objects,
+				&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "other"}},
+				&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Annotations: map[string]string{annotations.Inject: "disabled"}}},
+				&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-public"}},
+				plain("other", "api"), plain("legacy", "old"), plain("kube-public", "info"), plain(ns, "tool"))
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{
+			"opted-in-namespaces": {OK, "2 namespaces opted in (other, shop) (the webhook's defaultInject is enabled: every namespace but the excluded ones and those annotated detour.dev/inject=disabled); 1 injected pod"},
+			"uninjected-pods":     {Warning, "1 pod of opted-in namespaces runs without detour: other/api"},
+		}},
 		{name: "recent repairs", change: func(f *fixture) {
 			f.objects = append(f.objects,
 				repairEvent("web-1", "Delete", now.Add(-5*time.Minute)),

@@ -30,7 +30,11 @@ func (c *Checker) checkNamespaces(s *state) Result {
 		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("no namespace opted in (annotation %s=enabled) and %s", annotations.Inject, pods),
 			Fix: fmt.Sprintf("kubectl annotate namespace NAME %s=enabled, then restart its workloads (kubectl -n NAME rollout restart deployment)", annotations.Inject)}
 	}
-	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s opted in%s; %s", plural(len(in), "namespace"), parenList(in), pods)}
+	how := ""
+	if s.meshWide {
+		how = fmt.Sprintf(" (the webhook's defaultInject is enabled: every namespace but the excluded ones and those annotated %s=disabled)", annotations.Inject)
+	}
+	return Result{Name: name, Status: OK, Message: fmt.Sprintf("%s opted in%s%s; %s", plural(len(in), "namespace"), parenList(in), how, pods)}
 }
 
 // uninjectedCandidate reports whether p, a pod of an opted-in namespace without detour's

@@ -55,6 +55,7 @@ func TestE2E(t *testing.T) {
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"cluster", clusterStories},
+		{"mesh-wide/every-namespace", meshWide},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 	}
@@ -539,6 +540,39 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 		_, ok := p.Annotations[repair.RecreateAnnotation]
 		return ok, seen("the bare pod's annotations %v", p.Annotations)
 	})
+}
+
+// meshWide: with the chart's webhook.config.defaultInject enabled, a pod of a namespace that
+// says nothing is injected and runs captured, a namespace annotated detour.dev/inject: disabled
+// keeps its pods out, and detour check --cluster counts the namespaces that say nothing as
+// opted in. (The story before uninstall: it leaves the mesh-wide setting in place.)
+func meshWide(t *testing.T, ctx context.Context, e *env) {
+	e.namespace(t, ctx, "everywhere", false)
+	if _, err := e.node.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name: "legacy", Annotations: map[string]string{annotations.Inject: string(annotations.InjectDisabled)},
+	}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.node.waitServiceAccount(ctx, "legacy"); err != nil {
+		t.Fatal(err)
+	}
+	defer e.dropNamespaces(t, ctx, "everywhere", "legacy")
+	e.installDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	for _, ns := range []string{"everywhere", "legacy"} {
+		if _, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, e.pod("web", ns), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meshed := e.waitReady(t, ctx, "everywhere", "name=web", 1)[0]
+	if !annotations.IsInjected(meshed.Annotations) {
+		t.Fatalf("the pod of a namespace without detour.dev/inject was not injected under defaultInject enabled: %v", meshed.Annotations)
+	}
+	e.assertCaptured(t, ctx, meshed, "web")
+	if out := e.waitReady(t, ctx, "legacy", "name=web", 1)[0]; annotations.IsInjected(out.Annotations) {
+		t.Errorf("the pod of a namespace annotated %s: disabled was injected", annotations.Inject)
+	}
+	report, _ := e.checkCluster(t, ctx)
+	wantCheck(t, report, "opted-in-namespaces", clustercheck.OK, "defaultInject is enabled")
 }
 
 // uninstallHelm: `helm uninstall` leaves no detour configuration on the node (no drop-in, no

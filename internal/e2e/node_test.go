@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -54,7 +55,7 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	hostLinks := linkNames(t)
 	hostMounts := mountCount(t)
 
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	start := time.Now()
 	n, err := Start(ctx, bin, Options{Taints: []string{StartupTaint + ":NoSchedule"}, PauseImage: "detour.test/pause:1"})
@@ -90,14 +91,17 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 			t.Errorf("node %s addresses %v, want %s first", w.Name, got.Status.Addresses, want)
 		}
 		// The API server reaches each kubelet over the underlay (logs, exec go this way). A
-		// node is Ready before the API server's first connection to its kubelet: give it the
-		// few seconds a busy machine takes.
-		err = poll(ctx, 30*time.Second, func() (bool, error) {
-			_, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx)
-			return err == nil, err
+		// node is Ready before the API server's first connection to its kubelet, and CI's
+		// machine runs other packages' tests meanwhile: give it time.
+		err = poll(ctx, 2*time.Minute, func() (bool, error) {
+			body, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx)
+			if err != nil {
+				return false, fmt.Errorf("%w: %s", err, body)
+			}
+			return true, nil
 		})
 		if err != nil {
-			t.Errorf("the API server cannot reach %s's kubelet: %v", w.Name, err)
+			t.Errorf("the API server cannot reach %s's kubelet: %v\n%s", w.Name, err, underlayState(ctx, n, w))
 		}
 	}
 	watched, stopWatch := n.Watch(ctx)
@@ -142,6 +146,25 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	if got := mountCount(t); got != hostMounts {
 		t.Errorf("the host has %d mounts after the run, %d before", got, hostMounts)
 	}
+}
+
+// underlayState is what the control-plane node and node w see of the underlay between them, for
+// a failure message.
+func underlayState(ctx context.Context, cp, w *Node) string {
+	var b strings.Builder
+	for _, c := range []struct {
+		n    *Node
+		argv []string
+	}{
+		{cp, []string{"ip", "-br", "addr"}}, {cp, []string{"ip", "route"}}, {cp, []string{"ip", "neigh"}},
+		{cp, []string{"bridge", "link"}}, {cp, []string{"nft", "list", "ruleset"}},
+		{w, []string{"ip", "-br", "addr"}}, {w, []string{"ip", "route"}}, {w, []string{"ss", "-ltn"}},
+		{cp, []string{"curl", "-sk", "-m", "5", "https://" + w.IP.String() + ":10250/healthz"}},
+	} {
+		out, err := c.n.Run(ctx, c.argv...)
+		fmt.Fprintf(&b, "%s$ %s\n%s%v\n", c.n.Name, strings.Join(c.argv, " "), out, err)
+	}
+	return b.String()
 }
 
 func linkNames(t testing.TB) string {

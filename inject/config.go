@@ -84,6 +84,10 @@ type Config struct {
 	DefaultInject annotations.InjectMode
 }
 
+// DefaultExcludeNamespaces are the namespaces never injected when the configuration sets no
+// excludeNamespaces.
+var DefaultExcludeNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+
 // Proxy is the template of the injected proxy container.
 type Proxy struct {
 	Image           string
@@ -510,7 +514,7 @@ func (f *File) completePolicies(c *Config, check func(error)) {
 	default:
 		check(invalid("sidecarMode", strconv.Quote(f.SidecarMode), "use \"auto\", \"container\" or \"native\""))
 	}
-	c.ExcludeNamespaces = []string{"kube-system", "kube-public", "kube-node-lease"}
+	c.ExcludeNamespaces = slices.Clone(DefaultExcludeNamespaces)
 	if f.ExcludeNamespaces != nil {
 		c.ExcludeNamespaces = nil
 		for i, ns := range *f.ExcludeNamespaces {

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -68,7 +69,7 @@ var DefaultRecreatingOwners = []string{"apps/ReplicaSet", "apps/StatefulSet", "a
 // DefaultFlags returns the defaults.
 func DefaultFlags() Flags {
 	return Flags{Rate: 1, Burst: 5, RequireCNIReady: true, RecreatingOwners: slices.Clone(DefaultRecreatingOwners),
-		DefaultInject: string(annotations.InjectDisabled), ExcludeNamespaces: []string{"kube-system", "kube-public", "kube-node-lease"}}
+		DefaultInject: string(annotations.InjectDisabled), ExcludeNamespaces: slices.Clone(inject.DefaultExcludeNamespaces)}
 }
 
 // Config is a validated controller configuration; only [Flags.Parse] makes one.

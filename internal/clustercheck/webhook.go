@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 )
 
 // webhookRef is what the MutatingWebhookConfiguration says about calling the webhook.
@@ -232,7 +233,7 @@ func (c *Checker) checkWebhookCertificate(ctx context.Context, ref *webhookRef, 
 const ProbePod = "detour-check-probe"
 
 // neverInjected are the namespaces whose pods the webhook never injects (besides detour's own).
-var neverInjected = []string{"kube-system", "kube-public", "kube-node-lease"}
+var neverInjected = inject.DefaultExcludeNamespaces
 
 // checkAdmission has the API server admit a pod that asks for injection, without storing it
 // (dryRun=All; the webhook declares sideEffects None, so the API server calls it): the pod comes

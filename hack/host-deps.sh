@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the privileged tests and the demo use — iptables (both the legacy
-# and nft backends) and iproute2 — and the one the real node's runc build needs (libseccomp-dev),
+# and nft backends) and iproute2 —, the one the real node's kube-proxy runs (nftables: its nft
+# command) and the one the real node's runc build needs (libseccomp-dev),
 # when they are missing. Needs root to install; without root it
 # only reports what is missing, and the privileged tests then skip (or fail, when required).
 set -euo pipefail
@@ -10,6 +11,7 @@ for tool in iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restor
 	command -v "$tool" >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v "$tool" >/dev/null 2>&1 || missing+=(iptables)
 done
 command -v ip >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v nft >/dev/null 2>&1 || missing+=(nftables)
 [ -e /usr/include/seccomp.h ] || missing+=(libseccomp-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

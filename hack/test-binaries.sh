@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the binaries the integration tests, the real-node tests and the demo run — the
 # Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
-# kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI plugins,
-# helm, and Prometheus' server and promtool (with the Prometheus Operator's CRDs) — each from
-# its own Go module (pinned in hack/tools/*/go.mod), and caches them by version
-# under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
+# kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
+# plugins, helm, CoreDNS, and Prometheus' server and promtool (with the Prometheus Operator's
+# CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod), and caches them by
+# version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
 # of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
 # beside it).
 #
@@ -32,7 +32,8 @@ containerd=$(module_version "$root/hack/tools/containerd/go.mod" github.com/cont
 runc=$(module_version "$root/hack/tools/runc/go.mod" github.com/opencontainers/runc)
 prometheus=$(module_version "$root/hack/tools/prometheus/go.mod" github.com/prometheus/prometheus)
 operator=$(module_version "$root/hack/tools/prometheus-operator/go.mod" github.com/prometheus-operator/prometheus-operator)
-for v in api kube etcd plugins helm containerd runc prometheus operator; do
+coredns=$(module_version "$root/hack/tools/coredns/go.mod" github.com/coredns/coredns)
+for v in api kube etcd plugins helm containerd runc prometheus operator coredns; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
 # k8s.io/api v0.X.Y goes with Kubernetes v1.X.Y.
@@ -94,7 +95,7 @@ kubeversion="-X $cb.gitVersion=$kube -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X
 kubernetes=(kube-apiserver)
 if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	# The real node (internal/e2e): the rest of Kubernetes, containerd and runc.
-	kubernetes+=(kubelet kube-scheduler kube-controller-manager kubectl)
+	kubernetes+=(kubelet kube-scheduler kube-controller-manager kube-proxy kubectl)
 fi
 
 # Two lanes at once: Kubernetes, the longest build, and everything else. On 2 cores this
@@ -126,6 +127,8 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	for cmd in promtool prometheus; do
 		TAGS="remove_all_sd enable_kubernetes_sd" build "$cmd" "$prometheus" prometheus "github.com/prometheus/prometheus/cmd/$cmd" "$pv"
 	done
+	# The cluster's DNS (internal/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
+	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
 	crds="$bin/prometheus-operator-crds-$operator"
 	if [ ! -d "$crds" ]; then

@@ -14,7 +14,8 @@ import (
 )
 
 // artifacts are what the e2e installs: detour's image, built the way `make image` builds it,
-// and the test images (pause, the test proxy, the workload in its three USER variants).
+// the test images (pause, the test proxy, the workload in its three USER variants) and the
+// cluster DNS's.
 type artifacts struct {
 	dir      string
 	tarballs []string
@@ -29,7 +30,7 @@ type artifacts struct {
 
 const e2eVersion = "v0.0.0-e2e"
 
-func buildArtifacts(ctx context.Context, root string) (*artifacts, error) {
+func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 	dir, err := os.MkdirTemp("", "detour-e2e-artifacts-")
 	if err != nil {
 		return nil, err
@@ -59,7 +60,11 @@ func buildArtifacts(ctx context.Context, root string) (*artifacts, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.tarballs = []string{detourTar, built.Tarball}
+	dnsTar, _, err := BuildDNSImage(bin, dir)
+	if err != nil {
+		return nil, err
+	}
+	a.tarballs = []string{detourTar, built.Tarball, dnsTar}
 	a.refs, a.testImages = built.Refs, built.Images
 	a.workloadBin = built.Bin("workload")
 	return a, nil

@@ -87,7 +87,7 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 			{Source: filepath.Join(n.Dir, "cni"), Target: filepath.Join(cp.Dir, "cni")},
 			{Source: filepath.Join(n.Dir, "logs"), Target: filepath.Join(cp.Dir, "logs")},
 		},
-		Net: netSpec{Link: "node0", NodeIP: n.IP, ServiceIP: serviceIP, APIIP: cp.IP, APIPort: apiPort},
+		Net: netSpec{Link: "node0", NodeIP: n.IP},
 	}, n.logPath("holder"))
 	if err != nil {
 		return n, err
@@ -98,7 +98,10 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if err := n.StartComponent(ctx, "containerd"); err != nil {
 		return n, err
 	}
-	return n, n.startKubelet(ctx)
+	if err := n.startKubelet(ctx); err != nil {
+		return n, err
+	}
+	return n, n.StartComponent(ctx, "kube-proxy")
 }
 
 // Leave ends a node that joined (its processes, cgroups, directory, and the other nodes'

@@ -82,6 +82,8 @@ func (n *Node) writePKI() error {
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
 		{name: "kube-controller-manager", cn: "system:kube-controller-manager"},
 		{name: "kube-scheduler", cn: "system:kube-scheduler"},
+		// Bound to system:node-proxier by the API server's default policy, as kubeadm's.
+		{name: "kube-proxy", cn: "system:kube-proxy"},
 	}
 	for _, id := range ids {
 		if err := p.issue(id); err != nil {
@@ -91,7 +93,7 @@ func (n *Node) writePKI() error {
 	if err := p.serviceAccountKeys(); err != nil {
 		return err
 	}
-	for _, name := range []string{"admin", "kube-controller-manager", "kube-scheduler"} {
+	for _, name := range []string{"admin", "kube-controller-manager", "kube-scheduler", "kube-proxy"} {
 		path, err := p.kubeconfig(n.apiURL(), name)
 		if err != nil {
 			return err
@@ -141,7 +143,7 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
   "plugins": [
     {
       "type": "bridge",
-      "bridge": "cni0",
+      "bridge": %q,
       "isGateway": true,
       "isDefaultGateway": true,
       "ipMasq": false,
@@ -154,7 +156,7 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
     }
   ]
 }
-`, version, PrimaryNetwork, filepath.Join(n.Dir, "cni", "ipam"), n.PodSubnet, n.PodSubnet.Addr().Next())
+`, version, PrimaryNetwork, podBridge, filepath.Join(n.Dir, "cni", "ipam"), n.PodSubnet, n.PodSubnet.Addr().Next())
 	// Always a new file, even with the same content: a CNI installer's rewrite.
 	return fsutil.ReplaceFile(n.PrimaryConfigPath(), 0o644, func(w io.Writer) error {
 		_, err := io.WriteString(w, conf)
@@ -226,8 +228,6 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--kubelet-certificate-authority", pki("ca.crt"),
 			// No DNS in the node: reach the kubelet by its IP (logs, exec).
 			"--kubelet-preferred-address-types", "InternalIP",
-			// No kube-proxy: call webhooks at their endpoints, not their ClusterIP.
-			"--enable-aggregator-routing=true",
 			"--audit-policy-file", filepath.Join(n.Dir, "audit-policy.yaml"),
 			"--audit-log-path", n.AuditLogPath(), "--audit-log-format", "json",
 			"--profiling=false"}
@@ -262,6 +262,16 @@ func (n *Node) command(name string) (argv, env []string) {
 		if len(n.opts.Labels) > 0 {
 			argv = append(argv, "--node-labels", strings.Join(n.opts.Labels, ","))
 		}
+	case "kube-proxy":
+		// nftables mode, as a cluster built today would choose. The conntrack table's size is
+		// machine-wide, not the node's: left as it is.
+		argv = []string{n.bin("kube-proxy"),
+			"--kubeconfig", pki("kube-proxy.kubeconfig"), "--hostname-override", n.Name,
+			"--proxy-mode", "nftables", "--cluster-cidr", clusterCIDR.String(),
+			"--conntrack-max-per-core", "0", "--conntrack-min", "0",
+			"--healthz-bind-address", "0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}
+		// It runs nft for every change of its rules (Debian's nftables, in /usr/sbin).
+		env = []string{"PATH=" + os.Getenv("PATH") + ":/usr/sbin:/sbin", "HOME=" + n.Dir}
 	case "prometheus":
 		// Started by the monitoring story, with the configuration it writes into PrometheusDir.
 		dir := n.PrometheusDir()
@@ -373,8 +383,10 @@ imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 shutdownGracePeriod: 0s
 serializeImagePulls: false
+clusterDNS: [%[9]q]
+clusterDomain: cluster.local
 `, n.containerdSocket(), n.cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
-		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"))
+		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), dnsIP)
 }
 
 // insecureTLS is for health checks of components whose serving certificates are self-signed.

@@ -24,7 +24,7 @@ import (
 // mount namespace. It prepares both (private mounts; the host's mounts below /run, /var/lib
 // and /var/log detached and scratch directories over those three, so that the node's mount
 // table holds nothing of the host's there; fake files over the machine-wide sysctls the
-// kubelet would rewrite; the node's links and its stand-in for kube-proxy) and then starts
+// kubelet would rewrite; the node's links) and then starts
 // every process of the node on request, so that all of them share its namespaces without
 // `ip netns exec` (which remounts /sys) or nsenter. It is their subreaper: containerd's shims
 // and the pods' processes stay its descendants. When its stdin closes — the test ended, or

@@ -28,7 +28,7 @@ func TestIntegrationHolder(t *testing.T) {
 	}
 	h, err := startHolder(holderSpec{
 		RunDir: dir, Cgroup: cgroup, Sysctls: machineSysctls(),
-		Net: netSpec{Link: "node0", NodeIP: nodeIP, ServiceIP: serviceIP, APIIP: nodeIP, APIPort: apiPort},
+		Net: netSpec{Link: "node0", NodeIP: nodeIP},
 	}, filepath.Join(dir, "holder.log"))
 	if err != nil {
 		t.Fatal(err)

@@ -6,27 +6,21 @@ import (
 	"net"
 	"net/netip"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/binaryutil"
-	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/detourmesh/detour/internal/nsutil"
 )
 
 // netSpec is the node's network: its IP on a veth pair kept inside the node's namespace (the
-// kubelet refuses a loopback node IP and this kernel has no dummy links), and the one Service
-// the node needs without kube-proxy — the API server's ClusterIP, translated to the API
-// server's own address for pods and host-network pods alike. The node IP lies in the
-// underlay's prefix: when a node joins the cluster, the peer end of its veth moves into the
+// kubelet refuses a loopback node IP and this kernel has no dummy links). The node IP lies in
+// the underlay's prefix: when a node joins the cluster, the peer end of its veth moves into the
 // control-plane node's namespace and becomes a port of the underlay's bridge (cluster.go).
+// Services are kube-proxy's, which runs on every node (components.go).
 type netSpec struct {
-	Link      string
-	NodeIP    netip.Addr
-	ServiceIP netip.Addr // the kubernetes Service's ClusterIP (port 443)
-	APIIP     netip.Addr // the API server's address (the control-plane node's IP)
-	APIPort   uint16
+	Link   string
+	NodeIP netip.Addr
 }
 
 // setUpNodeNetwork runs in the holder, inside the node's fresh network namespace.
@@ -56,7 +50,7 @@ func setUpNodeNetwork(n netSpec) error {
 		}
 	}
 	// A route to the Service range, as a node's default route gives it: without one, a
-	// host-network process's connect to the ClusterIP fails before the output hook can
+	// host-network process's connect to a ClusterIP fails before kube-proxy's output hook can
 	// translate it ("network is unreachable").
 	l, err := netlink.LinkByName(n.Link)
 	if err != nil {
@@ -70,40 +64,28 @@ func setUpNodeNetwork(n netSpec) error {
 	if err := netlink.RouteAdd(route); err != nil {
 		return fmt.Errorf("route the Service range %s over %s: %w", serviceCIDR, n.Link, err)
 	}
-	return serviceDNAT(n)
+	return addPodBridge(podBridge)
 }
 
-// serviceDNAT plays kube-proxy for the kubernetes Service: ServiceIP:443 goes to
-// APIIP:APIPort, from pods (prerouting) and from the node itself (output).
-func serviceDNAT(n netSpec) error {
-	c, err := nftables.New()
-	if err != nil {
-		return err
-	}
-	table := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "e2e-kube-proxy"})
-	rule := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_TCP}},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: n.ServiceIP.AsSlice()},
-		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(443)},
-		&expr.Immediate{Register: 1, Data: n.APIIP.AsSlice()},
-		&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(n.APIPort)},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2},
-	}
-	for _, hook := range []struct {
-		name string
-		num  *nftables.ChainHook
-	}{{"prerouting", nftables.ChainHookPrerouting}, {"output", nftables.ChainHookOutput}} {
-		chain := c.AddChain(&nftables.Chain{
-			Name: hook.name, Table: table, Type: nftables.ChainTypeNAT,
-			Hooknum: hook.num, Priority: nftables.ChainPriorityNATDest,
-		})
-		c.AddRule(&nftables.Rule{Table: table, Chain: chain, Exprs: rule})
-	}
-	if err := c.Flush(); err != nil {
-		return fmt.Errorf("add the kubernetes Service's DNAT: %w", err)
+// podBridge is the primary CNI's bridge (its conflist's "bridge").
+const podBridge = "cni0"
+
+// addPodBridge creates the primary's bridge before its plugin does (which then uses it as it
+// finds it), with the bridge's own switch to pass bridged IPv4 through netfilter: a pod that
+// reaches a Service whose endpoint is on the same bridge gets its reply un-NATed only so. On a
+// real node the machine-wide bridge-nf-call-iptables does this; here the control-plane node
+// turns that one off for the underlay's bridge once a node joins (cluster.go).
+func addPodBridge(name string) error {
+	req := nl.NewNetlinkRequest(unix.RTM_NEWLINK, unix.NLM_F_CREATE|unix.NLM_F_EXCL|unix.NLM_F_ACK)
+	req.AddData(nl.NewIfInfomsg(unix.AF_UNSPEC))
+	req.AddData(nl.NewRtAttr(unix.IFLA_IFNAME, nl.ZeroTerminated(name)))
+	info := nl.NewRtAttr(unix.IFLA_LINKINFO, nil)
+	info.AddRtAttr(nl.IFLA_INFO_KIND, nl.NonZeroTerminated("bridge"))
+	data := info.AddRtAttr(nl.IFLA_INFO_DATA, nil)
+	data.AddRtAttr(nl.IFLA_BR_NF_CALL_IPTABLES, nl.Uint8Attr(1))
+	req.AddData(info)
+	if _, err := req.Execute(unix.NETLINK_ROUTE, 0); err != nil {
+		return fmt.Errorf("add the pods' bridge %s: %w", name, err)
 	}
 	return nil
 }

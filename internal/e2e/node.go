@@ -31,6 +31,10 @@ var (
 	serviceIP   = netip.MustParseAddr("10.96.0.1")
 	podSubnet   = netip.MustParsePrefix("10.88.0.0/24")
 	serviceCIDR = "10.96.0.0/24"
+	// dnsIP is the cluster DNS's ClusterIP (the kube-dns Service, the kubelet's clusterDNS).
+	dnsIP = netip.MustParseAddr("10.96.0.10")
+	// clusterCIDR holds every node's pod range (podRange).
+	clusterCIDR = netip.MustParsePrefix("10.88.0.0/16")
 	// underlay is the nodes' network: the control-plane node is nodeIP, the nodes that join
 	// it the next addresses (cluster.go).
 	underlay = netip.MustParsePrefix("10.200.0.0/24")
@@ -57,10 +61,14 @@ type Options struct {
 	Images []string
 	// PauseImage is the sandbox image (already in one of Images).
 	PauseImage string
+	// DNSImage, when set, is the image of the cluster's DNS (dnsImage; already in one of
+	// Images): the control-plane node deploys CoreDNS with it as kube-dns.
+	DNSImage string
 }
 
 // Node is one Kubernetes node with its control plane: etcd, kube-apiserver,
-// kube-controller-manager, kube-scheduler, containerd and the kubelet, all built from their Go
+// kube-controller-manager, kube-scheduler, containerd, the kubelet and kube-proxy (and, with
+// Options.DNSImage, CoreDNS as the cluster's DNS), all built from their Go
 // modules by hack/test-binaries.sh, in a network and mount namespace of their own.
 type Node struct {
 	// Name is the node's name; IP its address on the underlay; PodSubnet its pods' range.
@@ -133,7 +141,7 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	}
 	n.holder, err = startHolder(holderSpec{
 		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(),
-		Net: netSpec{Link: "node0", NodeIP: nodeIP, ServiceIP: serviceIP, APIIP: nodeIP, APIPort: apiPort},
+		Net: netSpec{Link: "node0", NodeIP: nodeIP},
 	}, n.logPath("holder"))
 	if err != nil {
 		return n, err
@@ -155,7 +163,16 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
-	return n, n.waitServiceAccount(ctx, metav1.NamespaceDefault)
+	if err := n.StartComponent(ctx, "kube-proxy"); err != nil {
+		return n, err
+	}
+	if err := n.waitServiceAccount(ctx, metav1.NamespaceDefault); err != nil {
+		return n, err
+	}
+	if opts.DNSImage != "" {
+		return n, n.deployDNS(ctx, opts.DNSImage)
+	}
+	return n, nil
 }
 
 // startKubelet imports the node's images into containerd and starts the kubelet.
@@ -369,6 +386,9 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 		return n.httpOK(ctx, "https://127.0.0.1:10257/healthz", false)
 	case "kube-scheduler":
 		return n.httpOK(ctx, "https://127.0.0.1:10259/healthz", false)
+	case "kube-proxy":
+		// Healthy once it has written its rules from the API's Services.
+		return n.httpOK(ctx, "http://127.0.0.1:10256/healthz", false)
 	case "prometheus":
 		return n.httpOK(ctx, "http://"+PrometheusAddr+"/-/ready", false)
 	case "containerd":

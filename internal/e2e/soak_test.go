@@ -511,8 +511,8 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 // (Init:Unknown, Init:StartError, Init:1/2...) with PodReadyToStartContainers false, and its
 // Job never hears of it. The same kubelet also strands such a pod that it had admitted but
 // not yet given a sandbox when the reboot came: it stays Pending with no
-// PodReadyToStartContainers condition at all, its only Events Scheduled and the kubelet's
-// MissingClusterDNS, and no ADD ever runs for it. That is the kubelet's behaviour, not
+// PodReadyToStartContainers condition at all, its only Event Scheduled, and no ADD ever runs
+// for it. That is the kubelet's behaviour, not
 // detour's: the soak counts such pods and does not wait for them.
 func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {

@@ -55,6 +55,7 @@ func TestE2E(t *testing.T) {
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"cluster", clusterStories},
+		{"services/cluster-ip-and-dns", servicesAndDNS},
 		{"mesh-wide/every-namespace", meshWide},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},

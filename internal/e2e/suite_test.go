@@ -102,7 +102,7 @@ func newEnv(bin string) (*env, error) {
 	if err != nil {
 		return nil, err
 	}
-	art, err := buildArtifacts(ctx, root)
+	art, err := buildArtifacts(ctx, root, bin)
 	if err != nil {
 		return nil, fmt.Errorf("build detour's image and the test images: %w", err)
 	}
@@ -110,6 +110,7 @@ func newEnv(bin string) (*env, error) {
 		Taints:     []string{StartupTaint + ":NoSchedule"},
 		Images:     art.tarballs,
 		PauseImage: art.refs.Pause,
+		DNSImage:   DNSImageRef,
 	})
 	if err != nil {
 		return nil, err

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -44,7 +45,7 @@ func Check(opts Options) []string {
 	}
 	problems = append(problems, cgroups()...)
 	problems = append(problems, namespaces()...)
-	for _, f := range []func() string{overlay, userNamespaces, seccomp} {
+	for _, f := range []func() string{overlay, userNamespaces, seccomp, nft} {
 		if p := f(); p != "" {
 			problems = append(problems, p)
 		}
@@ -122,7 +123,7 @@ func cgroups() []string {
 
 // namespaces creates, on a thread of its own that is thrown away afterwards, a network
 // namespace with what the node builds in its own: a veth pair, a bridge (the primary CNI's),
-// an nf_tables table with a NAT chain (the stand-in for kube-proxy, detour's rules).
+// an nf_tables table with a NAT chain (kube-proxy's Services, detour's rules).
 func namespaces() []string {
 	done := make(chan []string, 1)
 	go func() {
@@ -141,7 +142,7 @@ func namespaces() []string {
 			problems = append(problems, fmt.Sprintf("the kernel cannot create bridges (the primary CNI's cni0): %v", err))
 		}
 		if err := natTable(); err != nil {
-			problems = append(problems, fmt.Sprintf("nf_tables with NAT is missing (detour's rules, the node's Service DNAT): %v", err))
+			problems = append(problems, fmt.Sprintf("nf_tables with NAT is missing (detour's rules, kube-proxy's Services): %v", err))
 		}
 		done <- problems
 	}()
@@ -157,6 +158,14 @@ func natTable() error {
 	c.AddChain(&nftables.Chain{Name: "out", Table: table, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
 	return c.Flush()
+}
+
+// nft checks for the command kube-proxy's nftables mode runs for every change of its rules.
+func nft() string {
+	if _, err := exec.LookPath("nft"); err != nil {
+		return "nft is not on PATH: kube-proxy (nftables mode) runs it on every node (Debian: apt-get install nftables; hack/host-deps.sh does as root)"
+	}
+	return ""
 }
 
 // overlay mounts an overlay filesystem in a throwaway mount namespace: containerd's

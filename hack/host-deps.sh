@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the privileged tests and the demo use — iptables (both the legacy
-# and nft backends) and iproute2 —, the one the real node's kube-proxy runs (nftables: its nft
-# command) and the one the real node's runc build needs (libseccomp-dev),
-# when they are missing. Needs root to install; without root it
+# Installs the Debian packages the privileged tests and the demo use, when they are missing:
+# iptables (both the legacy and nft backends) and iproute2; nftables, whose nft command the real
+# node's kube-proxy runs; mmdebstrap, which builds the userland of Kubernetes' test images; and
+# libseccomp-dev, which the real node's runc build needs. Needs root to install; without root it
 # only reports what is missing, and the privileged tests then skip (or fail, when required).
 set -euo pipefail
 
@@ -12,6 +12,7 @@ for tool in iptables-legacy-restore iptables-nft-restore ip6tables-legacy-restor
 done
 command -v ip >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 [ -e /usr/include/seccomp.h ] || missing+=(libseccomp-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
 

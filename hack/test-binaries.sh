@@ -3,7 +3,8 @@
 # Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
 # plugins, helm, CoreDNS, and Prometheus' server and promtool (with the Prometheus Operator's
-# CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod), and caches them by
+# CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
+# network tests (e2e.test, agnhost, and a Debian userland for their images), and caches them by
 # version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
 # of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
 # beside it).
@@ -88,6 +89,54 @@ build_kubernetes() {
 	for name in "$@"; do ln -sfn "$name-$kube" "$bin/$name"; done
 }
 
+# build_e2e_test builds Kubernetes' end-to-end tests (test/e2e, the binary the project's
+# conformance run drives) with the commands' flags, so that it reuses their compiled packages.
+build_e2e_test() {
+	local out="$bin/e2e.test-$kube"
+	if [ ! -x "$out" ]; then
+		echo "test-binaries: building e2e.test $kube from k8s.io/kubernetes/test/e2e (cached afterwards in $bin)" >&2
+		local start=$SECONDS
+		(cd "$root/hack/tools/kubernetes" && go test -c -vet=off -trimpath -ldflags "-s -w $kubeversion" -o "$out.tmp" k8s.io/kubernetes/test/e2e)
+		mv -f "$out.tmp" "$out"
+		echo "test-binaries: built e2e.test in $((SECONDS - start))s" >&2
+	fi
+	ln -sfn "e2e.test-$kube" "$bin/e2e.test"
+}
+
+# build_rootfs writes the test images' userland: Debian bookworm (minbase) with the tools
+# Kubernetes' network tests run inside their pods (sh, curl, nc, dig, nslookup, wget, getent),
+# nginx, and what the agnhost image adds around its binary (the user and group the tests expect,
+# /uploads, /agnhost-2, porter's certificate). No container registry is reachable from the
+# machines this runs on, so the images are built here (internal/e2e/upstream). Needs root
+# (mmdebstrap's root mode); cached by the inputs' hash.
+build_rootfs() {
+	local pkgs=curl,netcat-openbsd,bind9-dnsutils,iproute2,wget,socat,nginx-light
+	local key out dir
+	key=$(printf '%s\n' "$kube" "$(declare -f build_rootfs)" | sha256sum | cut -c1-12)
+	out="$bin/debian-rootfs-$key.tar"
+	if [ ! -s "$out" ]; then
+		if [ "$(id -u)" -ne 0 ]; then
+			echo "test-binaries: not root: the test images' userland is not built (the real-node tests it serves need root too)" >&2
+			return 0
+		fi
+		echo "test-binaries: building the test images' Debian userland with mmdebstrap (cached afterwards in $bin)" >&2
+		local start=$SECONDS
+		dir=$(cd "$root/hack/tools/kubernetes" && go mod download -json k8s.io/kubernetes | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		[ -n "$dir" ] || { echo "test-binaries: cannot download k8s.io/kubernetes $kube" >&2; return 1; }
+		mmdebstrap --quiet --variant=minbase --format=tar --include="$pkgs" \
+			--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+			--dpkgopt='path-exclude=/usr/share/locale/*' \
+			--customize-hook='chroot "$1" groupadd -g 50000 group-defined-in-image' \
+			--customize-hook='chroot "$1" useradd -u 1000 -G group-defined-in-image user-defined-in-image' \
+			--customize-hook='mkdir "$1/uploads" && ln -s agnhost "$1/agnhost-2"' \
+			--customize-hook="copy-in $dir/test/images/agnhost/porter/localhost.crt $dir/test/images/agnhost/porter/localhost.key /" \
+			bookworm "$out.tmp" >&2
+		mv -f "$out.tmp" "$out"
+		echo "test-binaries: built the userland in $((SECONDS - start))s" >&2
+	fi
+	ln -sfn "debian-rootfs-$key.tar" "$bin/debian-rootfs.tar"
+}
+
 minor=${kube#v1.}
 minor=${minor%%.*}
 cb=k8s.io/component-base/version
@@ -101,7 +150,14 @@ fi
 # Two lanes at once: Kubernetes, the longest build, and everything else. On 2 cores this
 # overlaps one lane's module downloads and links with the other's compiling.
 start=$SECONDS
-build_kubernetes "${kubernetes[@]}" &
+(
+	build_kubernetes "${kubernetes[@]}"
+	if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
+		build_e2e_test
+		agnhost=$(cat "$(cd "$root/hack/tools/kubernetes" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
+		build agnhost "$kube" kubernetes k8s.io/kubernetes/test/images/agnhost "-X main.Version=$agnhost"
+	fi
+) &
 lane=$!
 # If the other lane fails, the Kubernetes build still ends (and is cached) before the script.
 trap 'wait' EXIT
@@ -129,6 +185,7 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	done
 	# The cluster's DNS (internal/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
 	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
+	build_rootfs
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
 	crds="$bin/prometheus-operator-crds-$operator"
 	if [ ! -d "$crds" ]; then

@@ -10,12 +10,13 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
 	"github.com/detourmesh/detour/internal/e2e/images"
+	"github.com/detourmesh/detour/internal/e2e/upstream"
 	"github.com/detourmesh/detour/internal/image"
 )
 
 // artifacts are what the e2e installs: detour's image, built the way `make image` builds it,
-// the test images (pause, the test proxy, the workload in its three USER variants) and the
-// cluster DNS's.
+// the test images (pause, the test proxy, the workload in its three USER variants), the
+// cluster DNS's, and the images of Kubernetes' own network tests (package upstream).
 type artifacts struct {
 	dir      string
 	tarballs []string
@@ -64,7 +65,15 @@ func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.tarballs = []string{detourTar, built.Tarball, dnsTar}
+	upstreamImgs, err := upstream.Images(bin, built.Images[built.Refs.Pause])
+	if err != nil {
+		return nil, err
+	}
+	upstreamTar := filepath.Join(dir, "upstream.tar")
+	if err := image.WriteTarball(upstreamTar, upstreamImgs); err != nil {
+		return nil, err
+	}
+	a.tarballs = []string{detourTar, built.Tarball, dnsTar, upstreamTar}
 	a.refs, a.testImages = built.Refs, built.Images
 	a.workloadBin = built.Bin("workload")
 	return a, nil

@@ -57,6 +57,7 @@ func TestE2E(t *testing.T) {
 		{"cluster", clusterStories},
 		{"services/cluster-ip-and-dns", servicesAndDNS},
 		{"mesh-wide/every-namespace", meshWide},
+		{"conformance/smoke", conformanceSmoke},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 	}

@@ -3,6 +3,7 @@ package image
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"fmt"
 	"io"
 	"os"
@@ -48,18 +49,34 @@ type Spec struct {
 	// Arch is the image's architecture (GOARCH spelling); empty means runtime.GOARCH. The
 	// operating system is always linux.
 	Arch string
+	// Base are the layers below the one of Files, lowest first (a distribution's root
+	// filesystem: LayerFromTar).
+	Base []v1.Layer
 }
 
 // epoch is the time of every layer entry and of the image's creation, so that the same spec
 // always gives the same image digest (as SOURCE_DATE_EPOCH=0 does for reproducible builds).
 var epoch = time.Unix(0, 0).UTC()
 
-// createdBy is the history entry of the layer Build makes.
-const createdBy = "detour internal/image: one layer of the spec's files"
+// createdBy is the history entry of the layer Build makes; baseCreatedBy of a base layer.
+const (
+	createdBy     = "detour internal/image: one layer of the spec's files"
+	baseCreatedBy = "detour internal/image: a base layer"
+)
 
-// Build makes the image spec describes: one layer holding spec.Files (parent directories
-// added as root 0755, entries in path order, every time fixed) and a config from spec's
-// fields. The same spec and file contents always give the same digest.
+// LayerFromTar is a base layer (Spec.Base) from an uncompressed tar file, e.g. a root
+// filesystem. It is compressed once, when first needed (fastest gzip: the layer is big).
+func LayerFromTar(path string) (v1.Layer, error) {
+	l, err := tarball.LayerFromFile(path, tarball.WithCompressedCaching, tarball.WithCompressionLevel(gzip.BestSpeed))
+	if err != nil {
+		return nil, fmt.Errorf("image layer from %s: %w", path, err)
+	}
+	return l, nil
+}
+
+// Build makes the image spec describes: spec.Base's layers, then one layer holding spec.Files
+// (parent directories added as root 0755, entries in path order, every time fixed), and a
+// config from spec's fields. The same spec and file contents always give the same digest.
 func Build(spec Spec) (v1.Image, error) {
 	arch := spec.Arch
 	if arch == "" {
@@ -75,10 +92,12 @@ func Build(spec Spec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("image layer: %w", err)
 	}
-	img, err := mutate.Append(empty.Image, mutate.Addendum{
-		Layer:   layer,
-		History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: createdBy},
-	})
+	var adds []mutate.Addendum
+	for _, l := range spec.Base {
+		adds = append(adds, mutate.Addendum{Layer: l, History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: baseCreatedBy}})
+	}
+	adds = append(adds, mutate.Addendum{Layer: layer, History: v1.History{Created: v1.Time{Time: epoch}, CreatedBy: createdBy}})
+	img, err := mutate.Append(empty.Image, adds...)
 	if err != nil {
 		return nil, fmt.Errorf("append image layer: %w", err)
 	}

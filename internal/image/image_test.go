@@ -400,3 +400,77 @@ func TestCheckDetourVersion(t *testing.T) {
 		t.Errorf("no binary: %v", err)
 	}
 }
+
+// TestBuildWithBase: a root filesystem from a tar file lies below the spec's own layer, and
+// two images on the same base share its layer in a tarball.
+func TestBuildWithBase(t *testing.T) {
+	dir := t.TempDir()
+	rootfs := filepath.Join(dir, "rootfs.tar")
+	f, err := os.Create(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tw := tar.NewWriter(f)
+	for _, e := range []struct{ name, data string }{{"bin/sh", "#!shell"}, {"etc/passwd", "root:x:0:0::/:/bin/sh\n"}} {
+		if err := tw.WriteHeader(&tar.Header{Name: e.name, Mode: 0o755, Size: int64(len(e.data)), Typeflag: tar.TypeReg}); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte(e.data))
+	}
+	if err := errors.Join(tw.Close(), f.Close()); err != nil {
+		t.Fatal(err)
+	}
+	base, err := LayerFromTar(rootfs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	imgs := map[string]v1.Image{}
+	for _, app := range []string{"a", "b"} {
+		img, err := Build(Spec{Base: []v1.Layer{base}, Files: []File{{Path: "/" + app, Data: []byte(app)}}, Entrypoint: []string{"/" + app}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		imgs["example.test/"+app+":1"] = img
+	}
+	img := imgs["example.test/a:1"]
+	layers, err := img.Layers()
+	if err != nil || len(layers) != 2 {
+		t.Fatalf("layers %d (%v), want the base and the spec's", len(layers), err)
+	}
+	want, _ := base.DiffID()
+	if got, _ := layers[0].DiffID(); got != want {
+		t.Errorf("lowest layer %s, want the base %s", got, want)
+	}
+	cf, err := img.ConfigFile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cf.History) != 2 || cf.History[0].CreatedBy != baseCreatedBy || cf.History[1].CreatedBy != createdBy {
+		t.Errorf("history %+v, want the base's entry then the spec's", cf.History)
+	}
+	out := filepath.Join(dir, "images.tar")
+	if err := WriteTarball(out, imgs); err != nil {
+		t.Fatal(err)
+	}
+	tf, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	var files []string
+	tr := tar.NewReader(tf)
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, h.Name)
+	}
+	// Two configs, the shared base once, each image's own layer, the manifest.
+	if len(files) != 6 {
+		t.Errorf("tarball files %q, want 2 configs, 3 layers and manifest.json", files)
+	}
+}

@@ -7,7 +7,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e soak lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
+.PHONY: all build test e2e soak conformance lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
 
 all: build
 
@@ -35,6 +35,13 @@ SOAK_DURATION ?= 10m
 soak:
 	SOAK_DURATION=$(SOAK_DURATION) GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-2h} bash hack/test.sh -run TestSoak ./internal/e2e
 
+# Kubernetes' own network tests (docs/conformance.md): the [sig-network] conformance tests and
+# the Services, DNS, endpoints and connectivity tests of e2e.test v1.37.2 on a two-node cluster,
+# once without detour and once with detour injecting every pod; the table of both runs goes to
+# bin/conformance/report.md. `make e2e` runs a smoke of five of them.
+conformance:
+	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./internal/e2e
+
 test-binaries:
 	bash hack/test-binaries.sh
 
@@ -42,6 +49,7 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
+	go vet -tags conformance ./internal/e2e
 
 # A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS;
 # FUZZMINIMIZETIME per new input: empty means Go's 60s; FUZZMATCH selects "package target"s),

@@ -4,7 +4,7 @@
 # kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
 # plugins, helm, CoreDNS, and Prometheus' server and promtool (with the Prometheus Operator's
 # CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
-# network tests (e2e.test, agnhost, and a Debian userland for their images), and caches them by
+# network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and caches them by
 # version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
 # of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
 # beside it).
@@ -156,13 +156,15 @@ start=$SECONDS
 		build_e2e_test
 		agnhost=$(cat "$(cd "$root/hack/tools/kubernetes" && go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)/VERSION")
 		build agnhost "$kube" kubernetes k8s.io/kubernetes/test/images/agnhost "-X main.Version=$agnhost"
+		# Runs e2e.test's tests in parallel processes (make conformance).
+		build ginkgo "$(module_version "$root/hack/tools/kubernetes/go.mod" github.com/onsi/ginkgo/v2)" kubernetes github.com/onsi/ginkgo/v2/ginkgo
 	fi
 ) &
 lane=$!
 # If the other lane fails, the Kubernetes build still ends (and is cached) before the script.
 trap 'wait' EXIT
 build etcd "$etcd" etcd go.etcd.io/etcd/server/v3
-for p in main/bridge main/loopback ipam/host-local; do
+for p in main/bridge main/loopback ipam/host-local meta/portmap; do
 	build "${p#*/}" "$plugins" cni-plugins "github.com/containernetworking/plugins/plugins/$p"
 done
 build helm "$helm" helm helm.sh/helm/v3/cmd/helm "-X helm.sh/helm/v3/internal/version.version=$helm"

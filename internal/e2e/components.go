@@ -56,7 +56,7 @@ func (n *Node) writeFiles() error {
 	if err := n.WritePrimaryConfig(); err != nil {
 		return err
 	}
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
+	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
 		if err := os.Symlink(n.bin(p), filepath.Join(n.CNIBinDir, p)); err != nil {
 			return err
 		}
@@ -131,7 +131,8 @@ func (n *Node) issueKubeletPKI() error {
 }
 
 // WritePrimaryConfig writes the primary CNI's conflist as the primary would at boot: the
-// reference bridge plugin with host-local IPAM and nothing of detour's.
+// reference bridge plugin with host-local IPAM, then portmap for the pods' hostPorts (as
+// flannel's and Calico's conflists end), and nothing of detour's.
 func (n *Node) WritePrimaryConfig() error { return n.WritePrimaryConfigVersion("1.1.0") }
 
 // WritePrimaryConfigVersion writes the primary's conflist declaring cniVersion version (one
@@ -153,7 +154,8 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
         "dataDir": %q,
         "ranges": [[{"subnet": %q, "gateway": %q}]]
       }
-    }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
 `, version, PrimaryNetwork, podBridge, filepath.Join(n.Dir, "cni", "ipam"), n.PodSubnet, n.PodSubnet.Addr().Next())

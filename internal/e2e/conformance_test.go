@@ -47,6 +47,6 @@ func conformanceSmoke(t *testing.T, ctx context.Context, e *env) {
 func (e *env) upstreamOptions(dir, prefix string, tests []string, timeout time.Duration) upstream.Options {
 	return upstream.Options{
 		Binary: e.node.bin("e2e.test"), Kubectl: e.node.bin("kubectl"), Kubeconfig: e.node.Kubeconfig,
-		ReportDir: dir, Prefix: prefix, Tests: tests, Timeout: timeout,
+		ReportDir: dir, Prefix: prefix, Tests: tests, Nodes: len(e.node.Nodes()), Timeout: timeout,
 	}
 }

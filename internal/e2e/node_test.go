@@ -21,7 +21,7 @@ import (
 // nodeBinaries are the binaries a node needs from hack/test-binaries.sh.
 var nodeBinaries = []string{
 	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
-	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "helm",
+	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "portmap", "helm",
 	"prometheus", "kube-proxy", "coredns", "e2e.test", "agnhost", "debian-rootfs.tar",
 }
 

@@ -129,7 +129,7 @@ func (e *env) leaks(ctx context.Context) (leakReport, error) {
 	})
 	bins, _ := os.ReadDir(n.CNIBinDir)
 	for _, b := range bins {
-		if !slices.Contains([]string{"bridge", "host-local", "loopback", "detour-cni"}, b.Name()) {
+		if !slices.Contains([]string{"bridge", "host-local", "loopback", "portmap", "detour-cni"}, b.Name()) {
 			l.cniFiles = append(l.cniFiles, "bin/"+b.Name())
 		}
 	}

@@ -88,14 +88,15 @@ func TestMain(m *testing.M) {
 func setUp(t testing.TB) *env {
 	t.Helper()
 	bin := requireNode(t)
-	shared.once.Do(func() { shared.env, shared.err = newEnv(bin) })
+	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, []string{StartupTaint + ":NoSchedule"}) })
 	if shared.err != nil {
 		t.Fatalf("set up the node: %v", shared.err)
 	}
 	return shared.env
 }
 
-func newEnv(bin string) (*env, error) {
+// newEnv builds the artifacts and starts the control-plane node, registered with taints.
+func newEnv(bin string, taints []string) (*env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	root, err := moduleRoot()
@@ -107,7 +108,7 @@ func newEnv(bin string) (*env, error) {
 		return nil, fmt.Errorf("build detour's image and the test images: %w", err)
 	}
 	n, err := Start(ctx, bin, Options{
-		Taints:     []string{StartupTaint + ":NoSchedule"},
+		Taints:     taints,
 		Images:     art.tarballs,
 		PauseImage: art.refs.Pause,
 		DNSImage:   DNSImageRef,

@@ -20,10 +20,17 @@ type Options struct {
 	Binary, Kubectl, Kubeconfig string
 	// ReportDir receives the run's JUnit report and log; Prefix names them.
 	ReportDir, Prefix string
-	// Tests are the full names of the tests to run (Smoke, Selected).
+	// Tests are the full names of the tests to run (Smoke, Select).
 	Tests []string
+	// Nodes is the cluster's node count (the framework does not count them itself in every
+	// process, and skips the tests that need more than it knows of).
+	Nodes int
 	// Timeout bounds the whole run (Ginkgo's own default is one hour).
 	Timeout time.Duration
+	// Procs above 1 runs the tests in that many parallel processes of e2e.test, with the
+	// ginkgo command Ginkgo (the tests that must run alone, [Serial], are never selected).
+	Procs  int
+	Ginkgo string
 }
 
 // Run runs the tests of o with e2e.test and returns each one's result, in o.Tests' order. A
@@ -44,11 +51,23 @@ func Run(ctx context.Context, run Runner, o Options) ([]Result, error) {
 	if timeout == 0 {
 		timeout = time.Hour
 	}
-	argv := []string{o.Binary,
-		"--kubeconfig", o.Kubeconfig, "--provider", "skeleton", "--kubectl-path", o.Kubectl,
-		"--report-dir", o.ReportDir, "--report-prefix", o.Prefix,
-		"--ginkgo.focus", strings.Join(focus, "|"), "--ginkgo.timeout", timeout.String(),
-		"--ginkgo.no-color", "--ginkgo.v"}
+	e2eFlags := []string{"--kubeconfig", o.Kubeconfig, "--provider", "skeleton", "--kubectl-path", o.Kubectl,
+		"--report-dir", o.ReportDir, "--report-prefix", o.Prefix, fmt.Sprintf("--num-nodes=%d", max(o.Nodes, 1))}
+	// Ginkgo's own flags: on its command, or with e2e.test's "ginkgo." prefix when alone.
+	ginkgoFlags := []string{"focus=" + strings.Join(focus, "|"), "timeout=" + timeout.String(), "no-color", "v"}
+	var argv []string
+	if o.Procs > 1 {
+		argv = []string{o.Ginkgo, fmt.Sprintf("--procs=%d", o.Procs)}
+		for _, f := range ginkgoFlags {
+			argv = append(argv, "--"+f)
+		}
+		argv = append(append(argv, o.Binary, "--"), e2eFlags...)
+	} else {
+		argv = append([]string{o.Binary}, e2eFlags...)
+		for _, f := range ginkgoFlags {
+			argv = append(argv, "--ginkgo."+f)
+		}
+	}
 	stdout, stderr, runErr := run(ctx, nil, argv...)
 	logPath := filepath.Join(o.ReportDir, o.Prefix+"e2e.log")
 	if err := os.WriteFile(logPath, []byte(stdout+stderr), 0o644); err != nil {

@@ -1,0 +1,113 @@
+//go:build conformance
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/internal/e2e/upstream"
+)
+
+// TestConformance is `make conformance` (docs/conformance.md): Kubernetes' own network tests
+// (upstream.Select of e2e.test's list: the [sig-network] conformance tests and the Services,
+// DNS, endpoints, kube-proxy and connectivity tests that need no special cluster) on a
+// cluster of two nodes, first without detour, then with detour injecting every pod of every
+// namespace the tests create. It fails when a test that passed without detour fails with it
+// and is not a listed exception, or when fewer than 95% of the tests' pod-network pods were
+// injected (counted from the API). It writes the table of both runs to
+// $DETOUR_CONFORMANCE_DIR/report.md (default bin/conformance/), with the JUnit reports and
+// e2e.test's logs. DETOUR_CONFORMANCE_PROCS (default 3) is the parallel processes of each run.
+//
+// The nodes register without detour's startup taint: the first run has no node agent to
+// remove it, and the e2e suite waits for nodes without taints.
+func TestConformance(t *testing.T) {
+	bin := requireNode(t)
+	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, nil) })
+	if shared.err != nil {
+		t.Fatalf("set up the node: %v", shared.err)
+	}
+	e := shared.env
+	ctx, cancel := testContext(t, e.node, 4*time.Hour)
+	defer cancel()
+	e.joinNode(t, ctx, "e2e-node-b", Options{Images: e.art.tarballs})
+
+	list, err := exec.CommandContext(ctx, e.node.bin("e2e.test"), "--list-tests").Output()
+	if err != nil {
+		t.Fatalf("e2e.test --list-tests: %v", err)
+	}
+	tests := upstream.Select(string(list))
+	procs := 3
+	if v := os.Getenv("DETOUR_CONFORMANCE_PROCS"); v != "" {
+		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
+			t.Fatalf("DETOUR_CONFORMANCE_PROCS=%q: want a number of processes, 1 or more", v)
+		}
+	}
+	dir := os.Getenv("DETOUR_CONFORMANCE_DIR")
+	if dir == "" {
+		dir = filepath.Join(e.root, "bin", "conformance")
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		t.Fatal(err)
+	}
+	run := func(prefix string) ([]upstream.Result, time.Duration) {
+		t.Helper()
+		o := e.upstreamOptions(dir, prefix, tests, 3*time.Hour)
+		o.Procs, o.Ginkgo = procs, e.node.bin("ginkgo")
+		start := time.Now()
+		results, err := upstream.Run(ctx, e.node.RunSplit, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return results, time.Since(start)
+	}
+	without, tookWithout := run("without-detour-")
+
+	e.installDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	for _, n := range e.node.Nodes() {
+		e.setNodeAgent(t, ctx, n, true)
+	}
+	rec, err := upstream.Record(ctx, e.node.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with, tookWith := run("with-detour-")
+	rec.Stop()
+
+	rows := upstream.Compare(without, with)
+	c := upstream.Count(rec.Pods())
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kubernetes' network tests with and without detour\n\n")
+	fmt.Fprintf(&b, "%s; e2e.test %s; %d tests, %d parallel processes, 2 nodes; without detour %s, with detour %s.\n",
+		time.Now().UTC().Format("2006-01-02"), kubernetesVersion(e), len(tests), procs, tookWithout.Round(time.Second), tookWith.Round(time.Second))
+	fmt.Fprintf(&b, "With detour: %d of %d pod-network pods injected (%.1f%%), %d host-network pods (never injected).\n\n",
+		c.Injected, c.PodNetwork, 100*c.Fraction(), c.HostNetwork)
+	b.WriteString(upstream.Table(rows))
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report %s:\n%s", filepath.Join(dir, "report.md"), b.String())
+	for _, r := range rows {
+		if r.Regression() {
+			t.Errorf("passes without detour, %s with it: %s: %s", r.With.Status, r.Name, r.With.Message)
+		}
+	}
+	if c.PodNetwork == 0 || c.Fraction() < 0.95 {
+		t.Errorf("%d of %d pod-network pods of the tests were injected, want at least 95%%; not injected: %s", c.Injected, c.PodNetwork, strings.Join(c.Missed, ", "))
+	}
+}
+
+// kubernetesVersion is e2e.test's own version.
+func kubernetesVersion(e *env) string {
+	out, err := exec.Command(e.node.bin("e2e.test"), "--version").Output()
+	if err != nil {
+		return fmt.Sprintf("(no version: %v)", err)
+	}
+	return strings.TrimSpace(string(out))
+}

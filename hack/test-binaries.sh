@@ -4,10 +4,10 @@
 # kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
 # plugins, helm, CoreDNS, and Prometheus' server and promtool (with the Prometheus Operator's
 # CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
-# network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and caches them by
-# version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is reused; a cold build of all
-# of them takes about 30 minutes on 2 cores (the Kubernetes commands in one go build, the rest
-# beside it).
+# network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and
+# caches them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is
+# reused; a cold build of all of them takes about COLD minutes on 2 cores (the Kubernetes
+# commands in one go build, then e2e.test; the rest beside them).
 #
 # With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
 # helm are built.

@@ -61,7 +61,7 @@ func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 	if err != nil {
 		return nil, err
 	}
-	dnsTar, _, err := BuildDNSImage(bin, dir)
+	dnsTar, err := BuildDNSImage(bin, dir)
 	if err != nil {
 		return nil, err
 	}

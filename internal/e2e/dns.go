@@ -23,21 +23,21 @@ import (
 const DNSImageRef = "detour.test/coredns:1"
 
 // BuildDNSImage writes, into dir, a tarball of an image holding binDir's coredns, and returns
-// its path and the image.
-func BuildDNSImage(binDir, dir string) (string, v1.Image, error) {
+// its path.
+func BuildDNSImage(binDir, dir string) (string, error) {
 	img, err := image.Build(image.Spec{
 		Ref:        DNSImageRef,
 		Files:      []image.File{{Path: "/coredns", Source: filepath.Join(binDir, "coredns"), Mode: 0o755}},
 		Entrypoint: []string{"/coredns"},
 	})
 	if err != nil {
-		return "", nil, fmt.Errorf("build the CoreDNS image: %w", err)
+		return "", fmt.Errorf("build the CoreDNS image: %w", err)
 	}
 	tarball := filepath.Join(dir, "coredns.tar")
 	if err := image.WriteTarball(tarball, map[string]v1.Image{DNSImageRef: img}); err != nil {
-		return "", nil, err
+		return "", err
 	}
-	return tarball, img, nil
+	return tarball, nil
 }
 
 // deployDNS applies CoreDNS's objects with the image ref and waits until it answers (its

@@ -61,8 +61,8 @@ type Options struct {
 	Images []string
 	// PauseImage is the sandbox image (already in one of Images).
 	PauseImage string
-	// DNSImage, when set, is the image of the cluster's DNS (dnsImage; already in one of
-	// Images): the control-plane node deploys CoreDNS with it as kube-dns.
+	// DNSImage, when set, is CoreDNS's image (BuildDNSImage; already in one of Images): the
+	// control-plane node deploys it as the cluster's DNS, kube-dns.
 	DNSImage string
 }
 

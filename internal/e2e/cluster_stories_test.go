@@ -607,6 +607,7 @@ func clusterRemoval(t *testing.T, ctx context.Context, e *env, b *Node) {
 		t.Fatal(err)
 	}
 	defer logs.Close()
+	b.ExpectExit("kube-proxy") // it exits when its Node is deleted
 	start := time.Now()
 	if out, stderr, err := e.node.Kubectl(ctx, "delete", "node", b.Name); err != nil {
 		t.Fatalf("kubectl delete node %s: %v\n%s\n%s", b.Name, err, out, stderr)

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -98,6 +97,8 @@ type Node struct {
 	mu sync.Mutex
 	// pids are the running components' processes; a component stopped on purpose is not here.
 	pids map[string]int
+	// mayExit are the components whose exit is no failure (ExpectExit).
+	mayExit map[string]bool
 	// joined are the nodes that joined this control-plane node and have not left, by name.
 	joined map[string]*Node
 }
@@ -361,10 +362,28 @@ func (n *Node) Watch(parent context.Context) (context.Context, context.CancelFun
 	return ctx, func() { cancel(context.Canceled) }
 }
 
-// deadComponent returns the first component (by name) that exited without being stopped.
+// ExpectExit tells Watch that component name may exit from now on: kube-proxy exits when its
+// node's Node object is deleted ("Node is being deleted"), as a node that leaves the cluster
+// expects.
+func (n *Node) ExpectExit(name string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.mayExit == nil {
+		n.mayExit = map[string]bool{}
+	}
+	n.mayExit[name] = true
+}
+
+// deadComponent returns the first component (by name) that exited without being stopped or
+// expected to.
 func (n *Node) deadComponent() (name string, code int, ok bool) {
 	n.mu.Lock()
-	names := slices.Collect(maps.Keys(n.pids))
+	var names []string
+	for name := range n.pids {
+		if !n.mayExit[name] {
+			names = append(names, name)
+		}
+	}
 	n.mu.Unlock()
 	slices.Sort(names)
 	for _, name := range names {

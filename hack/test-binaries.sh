@@ -6,8 +6,9 @@
 # CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
 # network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and
 # caches them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is
-# reused; a cold build of all of them takes about COLD minutes on 2 cores (the Kubernetes
-# commands in one go build, then e2e.test; the rest beside them).
+# reused. A cold build of all of them took 30 minutes on 2 cores before kube-proxy, CoreDNS and
+# Kubernetes' tests were added, an estimated 36 since (the Kubernetes commands in one go build,
+# then e2e.test; the rest beside them).
 #
 # With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
 # helm are built.

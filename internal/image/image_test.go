@@ -3,7 +3,6 @@ package image
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log"
@@ -237,28 +236,9 @@ func TestWriteTarball(t *testing.T) {
 	}
 
 	// manifest.json, which docker load and ctr import read, tags every image.
-	f, err := os.Open(out)
+	manifest, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(out) })
 	if err != nil {
 		t.Fatal(err)
-	}
-	defer f.Close()
-	var manifest tarball.Manifest
-	var files []string
-	tr := tar.NewReader(f)
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		files = append(files, h.Name)
-		if h.Name == "manifest.json" {
-			if err := json.NewDecoder(tr).Decode(&manifest); err != nil {
-				t.Fatal(err)
-			}
-		}
 	}
 	var tags [][]string
 	for _, d := range manifest {
@@ -272,7 +252,7 @@ func TestWriteTarball(t *testing.T) {
 		t.Errorf("manifest.json RepoTags %q, want %q", tags, wantTags)
 	}
 	// Two configs, two layers, the manifest: nothing written twice.
-	if len(files) != 5 {
+	if files := tarballFiles(t, out); len(files) != 5 {
 		t.Errorf("tarball files %q, want 2 configs, 2 layers and manifest.json", files)
 	}
 	// No temporary file is left next to it.
@@ -452,25 +432,30 @@ func TestBuildWithBase(t *testing.T) {
 	if err := WriteTarball(out, imgs); err != nil {
 		t.Fatal(err)
 	}
-	tf, err := os.Open(out)
+	// Two configs, the shared base once, each image's own layer, the manifest.
+	if files := tarballFiles(t, out); len(files) != 6 {
+		t.Errorf("tarball files %q, want 2 configs, 3 layers and manifest.json", files)
+	}
+}
+
+// tarballFiles lists the names in the tarball at path, in order.
+func tarballFiles(t *testing.T, path string) []string {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tf.Close()
+	defer f.Close()
 	var files []string
-	tr := tar.NewReader(tf)
+	tr := tar.NewReader(f)
 	for {
 		h, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			break
+			return files
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
 		files = append(files, h.Name)
-	}
-	// Two configs, the shared base once, each image's own layer, the manifest.
-	if len(files) != 6 {
-		t.Errorf("tarball files %q, want 2 configs, 3 layers and manifest.json", files)
 	}
 }

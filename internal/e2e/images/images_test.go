@@ -3,7 +3,6 @@ package images
 import (
 	"archive/tar"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"os"
@@ -141,30 +140,13 @@ func TestBuild(t *testing.T) {
 	}
 
 	// One tarball, every image tagged in manifest.json (what ctr and docker read).
-	f, err := os.Open(b.Tarball)
+	m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(b.Tarball) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	tr := tar.NewReader(f)
 	var tags []string
-	for {
-		h, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if h.Name == "manifest.json" {
-			var m tarball.Manifest
-			if err := json.NewDecoder(tr).Decode(&m); err != nil {
-				t.Fatal(err)
-			}
-			for _, d := range m {
-				tags = append(tags, d.RepoTags...)
-			}
-		}
+	for _, d := range m {
+		tags = append(tags, d.RepoTags...)
 	}
 	sort.Strings(tags)
 	want := []string{"detour.test/pause:1", "detour.test/proxy:1", "detour.test/workload-named:1", "detour.test/workload-numeric:1", "detour.test/workload:1"}

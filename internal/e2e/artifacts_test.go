@@ -61,19 +61,19 @@ func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 	if err != nil {
 		return nil, err
 	}
-	dnsTar, err := BuildDNSImage(bin, dir)
+	// The cluster's own images in one tarball: Kubernetes' test images and CoreDNS.
+	clusterImgs, err := upstream.Images(bin, built.Images[built.Refs.Pause])
 	if err != nil {
 		return nil, err
 	}
-	upstreamImgs, err := upstream.Images(bin, built.Images[built.Refs.Pause])
-	if err != nil {
+	if clusterImgs[DNSImageRef], err = DNSImage(bin); err != nil {
 		return nil, err
 	}
-	upstreamTar := filepath.Join(dir, "upstream.tar")
-	if err := image.WriteTarball(upstreamTar, upstreamImgs); err != nil {
+	clusterTar := filepath.Join(dir, "cluster.tar")
+	if err := image.WriteTarball(clusterTar, clusterImgs); err != nil {
 		return nil, err
 	}
-	a.tarballs = []string{detourTar, built.Tarball, dnsTar, upstreamTar}
+	a.tarballs = []string{detourTar, built.Tarball, clusterTar}
 	a.refs, a.testImages = built.Refs, built.Images
 	a.workloadBin = built.Bin("workload")
 	return a, nil

@@ -19,25 +19,20 @@ import (
 // kubeadm deploys it: a Deployment in kube-system labelled k8s-app=kube-dns behind the kube-dns
 // Service at the kubelets' clusterDNS address, answering for cluster.local from the API.
 
-// DNSImageRef is the reference of the CoreDNS image BuildDNSImage makes.
+// DNSImageRef is the reference of the CoreDNS image DNSImage makes.
 const DNSImageRef = "detour.test/coredns:1"
 
-// BuildDNSImage writes, into dir, a tarball of an image holding binDir's coredns, and returns
-// its path.
-func BuildDNSImage(binDir, dir string) (string, error) {
+// DNSImage builds an image holding binDir's coredns as its entrypoint.
+func DNSImage(binDir string) (v1.Image, error) {
 	img, err := image.Build(image.Spec{
 		Ref:        DNSImageRef,
 		Files:      []image.File{{Path: "/coredns", Source: filepath.Join(binDir, "coredns"), Mode: 0o755}},
 		Entrypoint: []string{"/coredns"},
 	})
 	if err != nil {
-		return "", fmt.Errorf("build the CoreDNS image: %w", err)
+		return nil, fmt.Errorf("build the CoreDNS image: %w", err)
 	}
-	tarball := filepath.Join(dir, "coredns.tar")
-	if err := image.WriteTarball(tarball, map[string]v1.Image{DNSImageRef: img}); err != nil {
-		return "", err
-	}
-	return tarball, nil
+	return img, nil
 }
 
 // deployDNS applies CoreDNS's objects with the image ref and waits until it answers (its

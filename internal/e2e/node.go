@@ -60,7 +60,7 @@ type Options struct {
 	Images []string
 	// PauseImage is the sandbox image (already in one of Images).
 	PauseImage string
-	// DNSImage, when set, is CoreDNS's image (BuildDNSImage; already in one of Images): the
+	// DNSImage, when set, is CoreDNS's image (DNSImage; already in one of Images): the
 	// control-plane node deploys it as the cluster's DNS, kube-dns.
 	DNSImage string
 }

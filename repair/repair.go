@@ -58,6 +58,8 @@ type Flags struct {
 	// without it.
 	DefaultInject     string
 	ExcludeNamespaces []string
+	// OwnNamespace is detour's namespace, excluded like the webhook excludes it.
+	OwnNamespace string
 }
 
 // DefaultRecreatingOwners are the built-in controllers that replace a deleted pod without
@@ -116,6 +118,12 @@ func (f Flags) Parse() (Config, error) {
 			return Config{}, fmt.Errorf("invalid --exclude-namespaces entry %q: it must be a namespace's name: %s", ns, strings.Join(errs, "; "))
 		}
 		excluded[ns] = true
+	}
+	if f.OwnNamespace != "" {
+		if errs := validation.IsDNS1123Label(f.OwnNamespace); len(errs) > 0 {
+			return Config{}, fmt.Errorf("invalid --namespace %q: it must be detour's namespace (default $POD_NAMESPACE, from the downward API, fieldRef metadata.namespace): %s", f.OwnNamespace, strings.Join(errs, "; "))
+		}
+		excluded[f.OwnNamespace] = true
 	}
 	return Config{NodeName: f.NodeName, Rate: rate.Limit(f.Rate), Burst: f.Burst, RequireCNIReady: f.RequireCNIReady, RecreatingOwners: owners,
 		InjectByDefault: mode == annotations.InjectEnabled, ExcludeNamespaces: excluded}, nil

@@ -154,6 +154,7 @@ func TestFlagsParse(t *testing.T) {
 		{func(f *Flags) { f.RecreatingOwners = []string{"apps/"} }, `--recreating-owners entry "apps/"`},
 		{func(f *Flags) { f.DefaultInject = "all" }, `--default-inject "all": use the webhook's defaultInject, "disabled" or "enabled"`},
 		{func(f *Flags) { f.ExcludeNamespaces = []string{"Kube_System"} }, `--exclude-namespaces entry "Kube_System"`},
+		{func(f *Flags) { f.OwnNamespace = "detour/system" }, `--namespace "detour/system": it must be detour's namespace`},
 	} {
 		f := DefaultFlags()
 		f.NodeName = "node-1"
@@ -679,6 +680,7 @@ func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "plain"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "off", Annotations: disabled}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-public"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "detour-system"}},
 		pod("meshed", "shop", injected),
 		failedPod("caught", nil),
 		pod("missed", "shop", nil),
@@ -692,9 +694,10 @@ func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 		pod("mirror", "shop", map[string]string{corev1.MirrorPodAnnotationKey: "x"}),
 		pod("system", "kube-system", enabled),
 		pod("public", "kube-public", nil), // excluded (the webhook's default excludeNamespaces)
+		pod("own", "detour-system", nil),  // detour's own namespace (--namespace)
 		pod("ours", "shop", nil, func(p *corev1.Pod) { p.Labels = map[string]string{"app.kubernetes.io/part-of": "detour"} }),
 	}
-	c := newNodeController(t, fake.NewClientset(objs...), func(f *Flags) { f.DefaultInject = defaultInject })
+	c := newNodeController(t, fake.NewClientset(objs...), func(f *Flags) { f.DefaultInject, f.OwnNamespace = defaultInject, "detour-system" })
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(c.Collector())
 	if families, err := reg.Gather(); err != nil || len(families) != 0 {

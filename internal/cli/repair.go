@@ -74,6 +74,7 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 	fl.StringSliceVar(&f.RecreatingOwners, "recreating-owners", f.RecreatingOwners, "owners (group/Kind) known to recreate a deleted pod: only their failed pods are deleted; every other pod, a Job's included, is annotated detour.dev/recreate-required instead")
 	fl.StringVar(&f.DefaultInject, "default-inject", f.DefaultInject, "the webhook's defaultInject: enabled counts the pods of namespaces without detour.dev/inject as asking for injection (detour_repair_pods{state=\"uninjected\"})")
 	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "the webhook's excludeNamespaces: their pods never count as uninjected")
+	fl.StringVar(&f.OwnNamespace, "namespace", os.Getenv("POD_NAMESPACE"), "detour's namespace, excluded like the webhook excludes it (default $POD_NAMESPACE)")
 	fl.BoolVar(&f.RequireCNIReady, "require-cni-ready", f.RequireCNIReady, "repair only while the node carries detour.dev/cni-ready=true (a pod recreated earlier could fail again)")
 	fl.StringVar(&metricsAddr, "metrics-bind-address", ":9642", `address of the Prometheus /metrics endpoint; "" disables it`)
 	fl.StringVar(&healthAddr, "health-probe-bind-address", ":9642", `address of /healthz and /readyz (the same as --metrics-bind-address: one server); "" disables them`)

@@ -24,7 +24,10 @@ type state struct {
 	agentsErr error
 	deploy    *appsv1.Deployment
 	deployErr error
-	injected  []corev1.Pod // every injected pod of the cluster
+	// webhookCM is the webhook's configuration (ConfigMap WebhookConfigMap).
+	webhookCM    *corev1.ConfigMap
+	webhookCMErr error
+	injected     []corev1.Pod // every injected pod of the cluster
 	// uninjected are the pods of opted-in namespaces that are not injected although
 	// nothing exempts them (see [uninjectedCandidate]).
 	uninjected []corev1.Pod
@@ -56,8 +59,9 @@ func (c *Checker) load(ctx context.Context) *state {
 		}
 	}
 	s.deploy, s.deployErr = c.client.AppsV1().Deployments(c.namespace).Get(ctx, WebhookDeployment, metav1.GetOptions{})
+	s.webhookCM, s.webhookCMErr = c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{})
 	var excluded map[string]bool
-	s.meshWide, excluded = c.meshWide(ctx)
+	s.meshWide, excluded = c.meshWide(s)
 	if nss, err := c.client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{}); err != nil {
 		s.nsErr = fmt.Errorf("list namespaces: %w", err)
 	} else {
@@ -96,17 +100,16 @@ func (c *Checker) load(ctx context.Context) *state {
 	return s
 }
 
-// meshWide reads the webhook's configuration (its ConfigMap): whether it injects the pods of
-// namespaces without detour.dev/inject (defaultInject: enabled), and then the namespaces it
-// never injects: its excludeNamespaces, its own, and the ones the chart's namespaceSelector
-// leaves out. A configuration that cannot be read or parsed counts as opt-in only (the
-// validator-mode check reports it).
-func (c *Checker) meshWide(ctx context.Context) (bool, map[string]bool) {
-	cm, err := c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{})
-	if err != nil {
+// meshWide reads the webhook's configuration: whether it injects the pods of namespaces
+// without detour.dev/inject (defaultInject: enabled), and then the namespaces it never injects:
+// its excludeNamespaces, its own, and the ones the chart's namespaceSelector leaves out. A
+// configuration that cannot be read or parsed counts as opt-in only (the validator-mode check
+// reports it).
+func (c *Checker) meshWide(s *state) (bool, map[string]bool) {
+	if s.webhookCMErr != nil {
 		return false, nil
 	}
-	cfg, err := inject.ParseConfig([]byte(cm.Data["config.yaml"]))
+	cfg, err := inject.ParseConfig([]byte(s.webhookCM.Data["config.yaml"]))
 	if err != nil || cfg.DefaultInject != annotations.InjectEnabled {
 		return false, nil
 	}

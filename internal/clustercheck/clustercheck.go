@@ -193,9 +193,9 @@ func (c *Checker) Run(ctx context.Context) Report {
 	r.add(c.checkReadyLabel(s))
 	r.add(c.checkNamespaces(s))
 	r.add(c.checkUninjected(s))
-	r.add(c.checkValidatorMode(ctx, s))
+	r.add(c.checkValidatorMode(s))
 	r.add(c.checkValidators(s))
 	r.add(c.checkRepair(ctx))
-	r.add(c.checkVersionSkew(ctx, s))
+	r.add(c.checkVersionSkew(s))
 	return r
 }

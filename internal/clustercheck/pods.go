@@ -188,7 +188,7 @@ func (c *Checker) checkRepair(ctx context.Context) Result {
 		Fix:     fmt.Sprintf("these pods started before detour's CNI config was on their node (%s); repairs that repeat on one node mean its node agent does not keep the config in place: check the agent there and run detour check on the node (kubectl get events -A --field-selector reason=%s)", plural(len(nodes), "node"), repair.EventReason)}
 }
 
-func (c *Checker) checkVersionSkew(ctx context.Context, s *state) Result {
+func (c *Checker) checkVersionSkew(s *state) Result {
 	const name = "version-skew"
 	images := map[string][]string{} // image → components
 	add := func(component, image string) {
@@ -206,13 +206,13 @@ func (c *Checker) checkVersionSkew(ctx context.Context, s *state) Result {
 			add("node agent ("+ctr.Name+")", ctr.Image)
 		}
 	}
-	if cm, err := c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{}); err == nil {
+	if s.webhookCMErr == nil {
 		var cfg struct {
 			Validator struct {
 				Image string `json:"image"`
 			} `json:"validator"`
 		}
-		if yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg) == nil {
+		if yaml.Unmarshal([]byte(s.webhookCM.Data["config.yaml"]), &cfg) == nil {
 			add("validator", cfg.Validator.Image)
 		}
 	}

@@ -1,11 +1,8 @@
 package clustercheck
 
 import (
-	"context"
 	"fmt"
 	"slices"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
@@ -17,16 +14,15 @@ import (
 // versions. Where the check runs in the proxy's start, such pods run only on nodes the agent
 // labelled detour.dev/image-volumes=true: it warns about nodes without the label, and says why
 // each cannot mount image volumes, or that no agent labelled it.
-func (c *Checker) checkValidatorMode(ctx context.Context, s *state) Result {
+func (c *Checker) checkValidatorMode(s *state) Result {
 	const name = "validator-mode"
 	if s.nodesErr != nil {
 		return cannot(name, s.nodesErr)
 	}
-	cm, err := c.client.CoreV1().ConfigMaps(c.namespace).Get(ctx, WebhookConfigMap, metav1.GetOptions{})
-	if err != nil {
-		return cannot(name, fmt.Errorf("read the webhook's configuration (ConfigMap %s): %w", WebhookConfigMap, err))
+	if s.webhookCMErr != nil {
+		return cannot(name, fmt.Errorf("read the webhook's configuration (ConfigMap %s): %w", WebhookConfigMap, s.webhookCMErr))
 	}
-	cfg, err := inject.ParseConfig([]byte(cm.Data["config.yaml"]))
+	cfg, err := inject.ParseConfig([]byte(s.webhookCM.Data["config.yaml"]))
 	if err != nil {
 		return Result{Name: name, Status: Error, Message: fmt.Sprintf("the webhook's configuration (ConfigMap %s) does not parse: %v", WebhookConfigMap, err),
 			Fix: "fix the chart values under webhook.config (docs/configuration.md) and upgrade; the webhook refuses to start with it"}

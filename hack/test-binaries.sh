@@ -2,8 +2,8 @@
 # Builds the binaries the integration tests, the real-node tests and the demo run — the
 # Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
-# plugins, helm, CoreDNS, and Prometheus' server and promtool (with the Prometheus Operator's
-# CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
+# plugins, helm, CoreDNS, flannel (flanneld and its CNI plugin), and Prometheus' server and
+# promtool (with the Prometheus Operator's CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
 # network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and
 # caches them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is
 # reused. A cold build of all of them took 30 minutes on 2 cores before kube-proxy, CoreDNS and
@@ -35,6 +35,8 @@ runc=$(module_version "$root/hack/tools/runc/go.mod" github.com/opencontainers/r
 prometheus=$(module_version "$root/hack/tools/prometheus/go.mod" github.com/prometheus/prometheus)
 operator=$(module_version "$root/hack/tools/prometheus-operator/go.mod" github.com/prometheus-operator/prometheus-operator)
 coredns=$(module_version "$root/hack/tools/coredns/go.mod" github.com/coredns/coredns)
+flannel=$(module_version "$root/hack/tools/flannel/go.mod" github.com/flannel-io/flannel)
+flannelcni=$(module_version "$root/hack/tools/flannel-cni/go.mod" github.com/containernetworking/plugins)
 for v in api kube etcd plugins helm containerd runc prometheus operator coredns; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
@@ -106,12 +108,12 @@ build_e2e_test() {
 
 # build_rootfs writes the test images' userland: Debian bookworm (minbase) with the tools
 # Kubernetes' network tests run inside their pods (sh, curl, nc, dig, nslookup, wget, getent),
-# nginx, and what the agnhost image adds around its binary (the user and group the tests expect,
+# nginx, iptables (flanneld's rules, in the flannel image), and what the agnhost image adds around its binary (the user and group the tests expect,
 # /uploads, /agnhost-2, porter's certificate). No container registry is reachable from the
 # machines this runs on, so the images are built here (internal/e2e/upstream). Needs root
 # (mmdebstrap's root mode); cached by the inputs' hash.
 build_rootfs() {
-	local pkgs=curl,netcat-openbsd,bind9-dnsutils,iproute2,wget,socat,nginx-light
+	local pkgs=curl,netcat-openbsd,bind9-dnsutils,iproute2,wget,socat,nginx-light,iptables
 	local key out dir
 	key=$(printf '%s\n' "$kube" "$(declare -f build_rootfs)" | sha256sum | cut -c1-12)
 	out="$bin/debian-rootfs-$key.tar"
@@ -188,6 +190,13 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	done
 	# The cluster's DNS (internal/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
 	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
+	# Flannel, the primary CNI of the flannel cluster (internal/e2e/flannel.go): flanneld, whose
+	# udp backend needs cgo (static, so that it runs on any userland), and its CNI plugin, from
+	# containernetworking/plugins v0.9.1, where it lived before it moved to flannel-io/cni-plugin
+	# (a module the proxy here refuses).
+	CGO_ENABLED=1 TAGS="netgo osusergo" build flanneld "$flannel" flannel github.com/flannel-io/flannel \
+		"-extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$flannel"
+	build flannel "$flannelcni" flannel-cni github.com/containernetworking/plugins/plugins/meta/flannel
 	build_rootfs
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
 	crds="$bin/prometheus-operator-crds-$operator"

@@ -252,9 +252,9 @@ func enslave(name string, br netlink.Link) error {
 }
 
 // routePods adds (or, with add unset, removes) n's route to the pods of other, through
-// other's node IP on the underlay.
+// other's node IP on the underlay. Flannel routes them itself.
 func (n *Node) routePods(other *Node, add bool) error {
-	if n.holder == nil || other == n {
+	if n.holder == nil || other == n || n.flannel() {
 		return nil
 	}
 	return nsutil.Do(n.holder.netns(), func() error {

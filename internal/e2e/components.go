@@ -53,7 +53,12 @@ func (n *Node) writeFiles() error {
 	if err := os.WriteFile(filepath.Join(n.registryHostsDir(), registryHost, "hosts.toml"), []byte(hostsTOML(registryHost)), 0o644); err != nil {
 		return err
 	}
-	if err := n.WritePrimaryConfig(); err != nil {
+	if n.flannel() {
+		// Flannel's DaemonSet writes the conflist; flanneld its subnet file here.
+		if err := os.MkdirAll(filepath.Join(n.Dir, "cni", "flannel"), 0o755); err != nil {
+			return err
+		}
+	} else if err := n.WritePrimaryConfig(); err != nil {
 		return err
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
@@ -166,8 +171,23 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
 	})
 }
 
-// PrimaryConfigPath is the primary CNI's conflist.
-func (n *Node) PrimaryConfigPath() string { return filepath.Join(n.CNIConfDir, "10-e2e.conflist") }
+// PrimaryConfigPath is the primary CNI's conflist: the test's, or flannel's on the flannel
+// cluster.
+func (n *Node) PrimaryConfigPath() string {
+	if n.flannel() {
+		return filepath.Join(n.CNIConfDir, flannelConflist)
+	}
+	return filepath.Join(n.CNIConfDir, "10-e2e.conflist")
+}
+
+// Primary is the name of the primary CNI's network: PrimaryNetwork, or FlannelNetwork on the
+// flannel cluster.
+func (n *Node) Primary() string {
+	if n.flannel() {
+		return FlannelNetwork
+	}
+	return PrimaryNetwork
+}
 
 // writeRuntimePath fills the directory that is containerd's whole PATH, and so the CNI
 // plugins': the runc shim, runc, and the iptables tools detour-cni's iptables backends run —
@@ -248,6 +268,11 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
 			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
 			"--service-cluster-ip-range", serviceCIDR, "--leader-elect=false", "--profiling=false"}
+		if n.flannel() {
+			// Flannel's kube subnet manager takes each node's pod range from its Node.
+			argv = append(argv, "--allocate-node-cidrs=true", "--cluster-cidr", clusterCIDR.String(),
+				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
+		}
 	case "kube-scheduler":
 		argv = []string{n.bin("kube-scheduler"),
 			"--kubeconfig", pki("kube-scheduler.kubeconfig"),

@@ -60,6 +60,10 @@ type Options struct {
 	Images []string
 	// PauseImage is the sandbox image (already in one of Images).
 	PauseImage string
+	// FlannelImage, when set, is flannel's image (already in one of Images): flannel is the
+	// cluster's primary CNI (flannel.go), not the bridge conflist the test writes. The nodes
+	// that join take the control-plane node's choice.
+	FlannelImage string
 	// DNSImage, when set, is CoreDNS's image (DNSImage; already in one of Images): the
 	// control-plane node deploys it as the cluster's DNS, kube-dns.
 	DNSImage string
@@ -161,6 +165,11 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 			return n, err
 		}
 	}
+	if opts.FlannelImage != "" {
+		if err := n.deployFlannel(ctx, opts.FlannelImage); err != nil {
+			return n, err
+		}
+	}
 	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
@@ -176,15 +185,33 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	return n, nil
 }
 
-// startKubelet imports the node's images into containerd and starts the kubelet.
+// startKubelet imports the node's images into containerd and starts the kubelet. On the
+// flannel cluster, the node's pod range is then the one the controller-manager allocated.
 func (n *Node) startKubelet(ctx context.Context) error {
 	for _, img := range n.opts.Images {
 		if _, err := n.Run(ctx, n.ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
 			return fmt.Errorf("import %s into containerd: %w", img, err)
 		}
 	}
-	return n.StartComponent(ctx, "kubelet")
+	if err := n.StartComponent(ctx, "kubelet"); err != nil {
+		return err
+	}
+	if n.flannel() {
+		return n.takePodCIDR(ctx)
+	}
+	return nil
 }
+
+// root is the control-plane node of n's cluster.
+func (n *Node) root() *Node {
+	if n.cp != nil {
+		return n.cp
+	}
+	return n
+}
+
+// flannel reports whether flannel is the cluster's primary CNI.
+func (n *Node) flannel() bool { return n.root().opts.FlannelImage != "" }
 
 // Stop ends every process of the node (on the control-plane node, after the nodes that
 // joined it have left), then removes its cgroups and, unless DETOUR_E2E_KEEP=1, its directory.

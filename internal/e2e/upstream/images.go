@@ -18,14 +18,17 @@ const (
 	NginxRef    = "registry.k8s.io/e2e-test-images/nginx:1.27.0-2"
 	NginxNewRef = "registry.k8s.io/e2e-test-images/nginx:1.28.0-2"
 	PauseRef    = "registry.k8s.io/pause:3.10.2"
+	// FlannelRef is flannel's image (the flannel cluster's primary CNI, internal/e2e/flannel.go),
+	// at the version of hack/tools/flannel/go.mod.
+	FlannelRef = "ghcr.io/flannel-io/flannel:v0.28.10"
 )
 
 // debianPath is the PATH of the images on the Debian userland.
 const debianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Images builds the test images from binDir (hack/test-binaries.sh's: debian-rootfs.tar,
-// agnhost, coredns); pause is the caller's pause image, tagged PauseRef too. The userland is
-// one layer that every image shares.
+// agnhost, coredns, flanneld and flannel); pause is the caller's pause image, tagged PauseRef
+// too. The userland is one layer that every image shares.
 //
 // Where they differ from upstream's: upstream builds agnhost on Alpine (musl), so the DNS
 // tests' "musl" prober resolves with glibc here; its /coredns is v1.15.0 (ours, with the
@@ -45,6 +48,13 @@ func Images(binDir string, pause v1.Image) (map[string]v1.Image, error) {
 		}, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{debianPath}},
 		DNSTestRef: {Base: base, Files: []image.File{coredns}, Cmd: []string{"bash"}, Env: []string{debianPath}},
 		NginxRef:   {Base: base, Cmd: []string{"nginx", "-g", "daemon off;"}, Env: []string{debianPath}},
+		// As upstream's: flanneld where kube-flannel.yml runs it, and the CNI plugin where its
+		// install-cni-plugin init container copies it from; iptables (for --ip-masq) and cp
+		// come with the userland.
+		FlannelRef: {Base: base, Files: []image.File{
+			{Path: "/opt/bin/flanneld", Source: filepath.Join(binDir, "flanneld"), Mode: 0o755},
+			{Path: "/flannel", Source: filepath.Join(binDir, "flannel"), Mode: 0o755},
+		}, Entrypoint: []string{"/opt/bin/flanneld"}, Env: []string{debianPath}},
 	}
 	imgs := map[string]v1.Image{PauseRef: pause}
 	for ref, spec := range specs {

@@ -146,13 +146,17 @@ func (e *env) join(t testing.TB, ctx context.Context, name string) *Node {
 	return n
 }
 
-// joinNode starts a node that joins the cluster with opts (the registry's sandbox image) and
-// makes it leave, and its Node object go, when the test ends — also when it failed to join
-// after its kubelet registered, so that no agent pod waits on a node that is not there.
+// joinNode starts a node that joins the cluster with opts (the sandbox image, and the images
+// when they are imported rather than pulled from the registry) and makes it leave, and its
+// Node object go, when the test ends — also when it failed to join after its kubelet
+// registered, so that no agent pod waits on a node that is not there.
 func (e *env) joinNode(t testing.TB, ctx context.Context, name string, opts Options) *Node {
 	t.Helper()
 	if opts.PauseImage == "" {
 		opts.PauseImage = e.img.refs.Pause
+	}
+	if e.img.pull == corev1.PullNever && opts.Images == nil {
+		opts.Images = e.art.tarballs // the images come imported, not from the registry
 	}
 	n, err := e.node.Join(ctx, name, opts)
 	if err != nil {
@@ -337,7 +341,7 @@ func clusterCrossNode(t *testing.T, ctx context.Context, e *env, b *Node) {
 	if l := pluginLogAt(nodePluginLog(b), "ADD", "redirected"); !slices.ContainsFunc(l, func(l pluginEntry) bool { return l.Pod == "cross/server" }) {
 		t.Errorf("node B's detour-cni did not redirect cross/server: %v", l)
 	}
-	if _, err := os.Stat(filepath.Join(b.CNIConfDir, "10-e2e.conflist")); err != nil {
+	if _, err := os.Stat(b.PrimaryConfigPath()); err != nil {
 		t.Errorf("node B has no primary conflist of its own: %v", err)
 	}
 }

@@ -29,7 +29,7 @@ import (
 // remove it, and the e2e suite waits for nodes without taints.
 func TestConformance(t *testing.T) {
 	bin := requireNode(t)
-	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, nil) })
+	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, Options{}) })
 	if shared.err != nil {
 		t.Fatalf("set up the node: %v", shared.err)
 	}

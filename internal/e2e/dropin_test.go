@@ -23,7 +23,7 @@ import (
 func (e *env) dropInPath() string { return nodeDropIn(e.node) }
 
 func nodeDropIn(n *Node) string {
-	return filepath.Join(n.CNIConfDir, PrimaryNetwork, nodeagent.DropInName)
+	return filepath.Join(n.CNIConfDir, n.Primary(), nodeagent.DropInName)
 }
 
 // detourConfigs lists the files that hold detour's configuration, in either form: a
@@ -199,7 +199,6 @@ type churnResult struct{ pods, failed, rewrites int }
 // wave's pods are spread over them.
 func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node) churnResult {
 	t.Helper()
-	e.namespace(t, ctx, ns, true)
 	if len(nodes) == 0 {
 		nodes = []*Node{e.node}
 	}
@@ -214,14 +213,7 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node
 		files = append(files, conflist{n.PrimaryConfigPath(), base,
 			strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)})
 	}
-
-	var res churnResult
-	var wg sync.WaitGroup
-	done := make(chan struct{})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		defer close(done)
+	return e.podWaves(t, ctx, ns, nodes, func() int {
 		for i := range 50 {
 			for _, f := range files {
 				content := f.base
@@ -239,12 +231,30 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node
 				}
 				if err != nil {
 					t.Errorf("rewrite %d of %s: %v", i, f.path, err)
-					return
+					return i
 				}
 			}
-			res.rewrites++
 			time.Sleep(300 * time.Millisecond)
 		}
+		return 50
+	})
+}
+
+// podWaves creates injected pods in ns in waves of 4, spread over nodes, for as long as
+// disturb runs (and the wave that is under way then), and counts them and those whose validator
+// found no rules (exit 42). disturb returns the number of disturbances it made, the result's
+// rewrites.
+func (e *env) podWaves(t testing.TB, ctx context.Context, ns string, nodes []*Node, disturb func() int) churnResult {
+	t.Helper()
+	e.namespace(t, ctx, ns, true)
+	var res churnResult
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		defer close(done)
+		res.rewrites = disturb()
 	}()
 	pods := e.node.Client.CoreV1().Pods(ns)
 	for wave := 0; ; wave++ {

@@ -63,6 +63,10 @@ var shared struct {
 	once sync.Once
 	env  *env
 	err  error
+	// The artifacts, built once for every cluster of the run.
+	artOnce sync.Once
+	art     *artifacts
+	artErr  error
 }
 
 func TestMain(m *testing.M) {
@@ -78,7 +82,9 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, "e2e: stop the node:", err)
 			code = 1
 		}
-		os.RemoveAll(shared.env.art.dir)
+	}
+	if shared.art != nil {
+		os.RemoveAll(shared.art.dir)
 	}
 	os.Exit(code)
 }
@@ -88,31 +94,29 @@ func TestMain(m *testing.M) {
 func setUp(t testing.TB) *env {
 	t.Helper()
 	bin := requireNode(t)
-	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, []string{StartupTaint + ":NoSchedule"}) })
+	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, Options{Taints: []string{StartupTaint + ":NoSchedule"}}) })
 	if shared.err != nil {
 		t.Fatalf("set up the node: %v", shared.err)
 	}
 	return shared.env
 }
 
-// newEnv builds the artifacts and starts the control-plane node, registered with taints.
-func newEnv(bin string, taints []string) (*env, error) {
+// newEnv builds the artifacts (once per run) and starts a control-plane node with opts (its
+// taints, flannel), the artifacts' images and CoreDNS.
+func newEnv(bin string, opts Options) (*env, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	root, err := moduleRoot()
 	if err != nil {
 		return nil, err
 	}
-	art, err := buildArtifacts(ctx, root, bin)
-	if err != nil {
-		return nil, fmt.Errorf("build detour's image and the test images: %w", err)
+	shared.artOnce.Do(func() { shared.art, shared.artErr = buildArtifacts(ctx, root, bin) })
+	if shared.artErr != nil {
+		return nil, fmt.Errorf("build detour's image and the test images: %w", shared.artErr)
 	}
-	n, err := Start(ctx, bin, Options{
-		Taints:     taints,
-		Images:     art.tarballs,
-		PauseImage: art.refs.Pause,
-		DNSImage:   DNSImageRef,
-	})
+	art := shared.art
+	opts.Images, opts.PauseImage, opts.DNSImage = art.tarballs, art.refs.Pause, DNSImageRef
+	n, err := Start(ctx, bin, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,172 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/detourmesh/detour/internal/e2e/upstream"
+)
+
+// TestE2EFlannel runs the cluster stories against a primary CNI that nobody here wrote
+// (issue 22): flannel v0.28 with the vxlan backend, installed from its DaemonSet, which writes
+// its own conflist (flannel.go). detour chains after it by its network's name, cbr0. Two
+// nodes: the control-plane node and B, which joins registered with detour's startup taint, as
+// docs/operations.md tells admins to register a node pool's nodes.
+//
+// It runs before TestE2E (go test runs a package's tests in the order of their files) and
+// stops its cluster when it ends; the two share the artifacts.
+func TestE2EFlannel(t *testing.T) {
+	bin := requireNode(t)
+	e, err := newEnv(bin, Options{FlannelImage: upstream.FlannelRef})
+	if err != nil {
+		t.Fatalf("start the flannel cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := e.node.Stop(); err != nil {
+			t.Errorf("stop the flannel cluster: %v", err)
+		}
+	})
+	ctx, cancel := testContext(t, e.node, 20*time.Minute)
+	defer cancel()
+	e.installDetour(t, ctx, "")
+	e.setNodeAgent(t, ctx, e.node, true)
+	b := e.join(t, ctx, "e2e-node-b")
+	for _, s := range []struct {
+		name string
+		run  func(*testing.T, context.Context, *env, *Node)
+	}{
+		{"chained-after-flannel", flannelChained},
+		{"cross-node", flannelCrossNode},
+		{"flannel-restarts-on-every-node", flannelRestarts},
+	} {
+		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e, b) }) && ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// flannelChained: on each node, flannel's DaemonSet wrote its conflist, which detour left as
+// it was, and detour's configuration is the drop-in of flannel's network; flanneld took the
+// node's pod range from its Node and routes the other node's through its vxlan device.
+func flannelChained(t *testing.T, ctx context.Context, e *env, b *Node) {
+	for _, n := range []*Node{e.node, b} {
+		var conf struct {
+			Name    string                   `json:"name"`
+			Plugins []map[string]interface{} `json:"plugins"`
+		}
+		data, err := os.ReadFile(n.PrimaryConfigPath())
+		if err != nil {
+			t.Fatalf("node %s: flannel's conflist: %v", n.Name, err)
+		}
+		if err := json.Unmarshal(data, &conf); err != nil {
+			t.Fatalf("node %s: flannel's conflist: %v\n%s", n.Name, err, data)
+		}
+		var kinds []string
+		for _, p := range conf.Plugins {
+			kinds = append(kinds, fmt.Sprint(p["type"]))
+		}
+		if conf.Name != FlannelNetwork || strings.Join(kinds, ",") != "flannel,portmap" {
+			t.Errorf("node %s: the conflist names network %q with plugins %v, want flannel's %s with flannel,portmap (detour changed it?)\n%s",
+				n.Name, conf.Name, kinds, FlannelNetwork, data)
+		}
+		if _, err := os.Stat(nodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in for network %s: %v", n.Name, FlannelNetwork, err)
+		}
+		subnet, err := os.ReadFile(filepath.Join(n.Dir, "cni", "flannel", "subnet.env"))
+		if err != nil || !strings.Contains(string(subnet), "FLANNEL_SUBNET="+n.PodSubnet.Addr().Next().String()+"/") {
+			t.Errorf("node %s: flanneld's subnet file does not give the node's pod range %s: %v\n%s", n.Name, n.PodSubnet, err, subnet)
+		}
+	}
+	if e.node.PodSubnet == b.PodSubnet || !clusterCIDR.Contains(b.PodSubnet.Addr()) {
+		t.Errorf("pod ranges %s (%s) and %s (%s), want two of %s", e.node.PodSubnet, e.node.Name, b.PodSubnet, b.Name, clusterCIDR)
+	}
+	for _, c := range []struct{ from, to *Node }{{e.node, b}, {b, e.node}} {
+		out, err := c.from.Run(ctx, "ip", "route", "get", c.to.PodSubnet.Addr().Next().String())
+		if err != nil || !strings.Contains(out, "dev flannel.1") {
+			t.Errorf("node %s routes %s's pods %s not through flannel's vxlan device flannel.1: %v\n%s", c.from.Name, c.to.Name, c.to.PodSubnet, err, out)
+		}
+	}
+}
+
+// flannelCrossNode is the cross-node story (clusterCrossNode) between pods of flannel's
+// network: vxlan-encapsulated between the nodes.
+func flannelCrossNode(t *testing.T, ctx context.Context, e *env, b *Node) {
+	clusterCrossNode(t, ctx, e, b)
+}
+
+// flannelRestarts: flannel's pods restart on every node at once, four times, while injected
+// pods are created on both nodes: each restart's init containers rewrite the node's conflist in
+// place (cp -f) and copy the plugin again, and flanneld starts over. Not one pod may start
+// without its rules.
+func flannelRestarts(t *testing.T, ctx context.Context, e *env, b *Node) {
+	const restarts = 4
+	nodes := []*Node{e.node, b}
+	res := e.podWaves(t, ctx, "churn-flannel", nodes, func() int {
+		for i := range restarts {
+			if err := e.restartFlannel(ctx, len(nodes)); err != nil {
+				t.Errorf("restart %d of flannel: %v", i+1, err)
+				return i
+			}
+		}
+		return restarts
+	})
+	defer e.dropNamespaces(t, ctx, "churn-flannel")
+	t.Logf("%d of %d pods started without rules while flannel restarted %d times on both nodes", res.failed, res.pods, res.rewrites)
+	if res.failed != 0 {
+		t.Errorf("%d of %d pods started without rules while flannel restarted on every node", res.failed, res.pods)
+	}
+	for _, n := range nodes {
+		if _, err := os.Stat(nodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in is gone after flannel's restarts: %v", n.Name, err)
+		}
+	}
+}
+
+// restartFlannel deletes flannel's pods on every node at once, as `kubectl delete pods -l
+// app=flannel` does, and waits until the DaemonSet's new pods run on all nodes.
+func (e *env) restartFlannel(ctx context.Context, nodes int) error {
+	pods := e.node.Client.CoreV1().Pods(flannelNamespace)
+	sel := metav1.ListOptions{LabelSelector: "app=flannel"}
+	old, err := pods.List(ctx, sel)
+	if err != nil {
+		return err
+	}
+	gone := map[types.UID]bool{}
+	for _, p := range old.Items {
+		gone[p.UID] = true
+	}
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
+		return err
+	}
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := pods.List(ctx, sel)
+		if err != nil {
+			return false, err
+		}
+		ready := 0
+		for i := range list.Items {
+			p := &list.Items[i]
+			if !gone[p.UID] && p.DeletionTimestamp == nil && p.Status.Phase == corev1.PodRunning && podReady(p) {
+				ready++
+			}
+		}
+		last = fmt.Sprintf("%d of %d new pods ready", ready, nodes)
+		return ready == nodes, nil
+	})
+	if err != nil {
+		return fmt.Errorf("flannel's pods did not come back (%s): %w", last, err)
+	}
+	return nil
+}

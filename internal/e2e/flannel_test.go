@@ -107,12 +107,42 @@ func flannelCrossNode(t *testing.T, ctx context.Context, e *env, b *Node) {
 
 // flannelRestarts: flannel's pods restart on every node at once, four times, while injected
 // pods are created on both nodes: each restart's init containers rewrite the node's conflist in
-// place (cp -f) and copy the plugin again, and flanneld starts over. Not one pod may start
-// without its rules.
+// place (cp -f) and copy the plugin again, and flanneld starts over. With detour's drop-in (the
+// default on containerd 2.4), not one pod may start without its rules. The same again with
+// detour as an entry in flannel's conflist (cniConfigMode: chained-entry), which each rewrite
+// takes out until the agent puts it back: for the record, and to show that the count can be
+// other than 0.
 func flannelRestarts(t *testing.T, ctx context.Context, e *env, b *Node) {
-	const restarts = 4
 	nodes := []*Node{e.node, b}
-	res := e.podWaves(t, ctx, "churn-flannel", nodes, func() int {
+	dropIn := e.flannelChurn(t, ctx, "churn-flannel", nodes)
+	if dropIn.failed != 0 {
+		t.Errorf("with the drop-in, %d of %d pods started without rules while flannel restarted on every node", dropIn.failed, dropIn.pods)
+	}
+	for _, n := range nodes {
+		if _, err := os.Stat(nodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in is gone after flannel's restarts: %v", n.Name, err)
+		}
+	}
+
+	// The last story: the cluster stops after it, with detour left in this mode.
+	e.installDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	for _, n := range nodes {
+		waitFor(t, ctx, "chained-entry to put detour into flannel's conflist on "+n.Name, 2*time.Minute, func() (bool, error) {
+			_, err := os.Stat(nodeDropIn(n))
+			return strings.Contains(readFile(n.PrimaryConfigPath()), "detour-cni") && os.IsNotExist(err), seen("drop-in: %v", err)
+		})
+	}
+	entry := e.flannelChurn(t, ctx, "churn-flannel-entry", nodes)
+	t.Logf("flannel restarted on both nodes: with the drop-in %d of %d pods started without rules (%d restarts), with the in-file entry %d of %d (%d restarts)",
+		dropIn.failed, dropIn.pods, dropIn.rewrites, entry.failed, entry.pods, entry.rewrites)
+}
+
+// flannelChurn creates injected pods in waves on nodes, in namespace ns, while flannel's pods
+// restart on every node at once, four times.
+func (e *env) flannelChurn(t *testing.T, ctx context.Context, ns string, nodes []*Node) churnResult {
+	const restarts = 4
+	defer e.dropNamespaces(t, ctx, ns)
+	return e.podWaves(t, ctx, ns, nodes, func() int {
 		for i := range restarts {
 			if err := e.restartFlannel(ctx, len(nodes)); err != nil {
 				t.Errorf("restart %d of flannel: %v", i+1, err)
@@ -121,16 +151,6 @@ func flannelRestarts(t *testing.T, ctx context.Context, e *env, b *Node) {
 		}
 		return restarts
 	})
-	defer e.dropNamespaces(t, ctx, "churn-flannel")
-	t.Logf("%d of %d pods started without rules while flannel restarted %d times on both nodes", res.failed, res.pods, res.rewrites)
-	if res.failed != 0 {
-		t.Errorf("%d of %d pods started without rules while flannel restarted on every node", res.failed, res.pods)
-	}
-	for _, n := range nodes {
-		if _, err := os.Stat(nodeDropIn(n)); err != nil {
-			t.Errorf("node %s: detour's drop-in is gone after flannel's restarts: %v", n.Name, err)
-		}
-	}
 }
 
 // restartFlannel deletes flannel's pods on every node at once, as `kubectl delete pods -l

@@ -47,6 +47,21 @@ func (n *Node) deployFlannel(ctx context.Context, image string) error {
 	return nil
 }
 
+// waitFlannel waits until flanneld runs on the node: it writes its subnet file once it holds
+// the node's lease and its vxlan device is up. The node is Ready before (the conflist comes from
+// an init container), and a pod started in between fails its sandbox until then, as on any
+// flannel node.
+func (n *Node) waitFlannel(ctx context.Context) error {
+	path := filepath.Join(n.Dir, "cni", "flannel", "subnet.env")
+	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
+		return fileExists(path), nil
+	})
+	if err != nil {
+		return fmt.Errorf("flanneld wrote no subnet file %s on %s: %w", path, n.Name, err)
+	}
+	return nil
+}
+
 // takePodCIDR waits until the controller-manager allocated the node's pod range and sets
 // PodSubnet to it.
 func (n *Node) takePodCIDR(ctx context.Context) error {

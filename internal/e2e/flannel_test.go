@@ -91,11 +91,12 @@ func flannelChained(t *testing.T, ctx context.Context, e *env, b *Node) {
 	if e.node.PodSubnet == b.PodSubnet || !clusterCIDR.Contains(b.PodSubnet.Addr()) {
 		t.Errorf("pod ranges %s (%s) and %s (%s), want two of %s", e.node.PodSubnet, e.node.Name, b.PodSubnet, b.Name, clusterCIDR)
 	}
+	// Each flanneld adds the route to another node's pods once it sees that node's lease.
 	for _, c := range []struct{ from, to *Node }{{e.node, b}, {b, e.node}} {
-		out, err := c.from.Run(ctx, "ip", "route", "get", c.to.PodSubnet.Addr().Next().String())
-		if err != nil || !strings.Contains(out, "dev flannel.1") {
-			t.Errorf("node %s routes %s's pods %s not through flannel's vxlan device flannel.1: %v\n%s", c.from.Name, c.to.Name, c.to.PodSubnet, err, out)
-		}
+		waitFor(t, ctx, fmt.Sprintf("node %s to route %s's pods %s through flannel's vxlan device flannel.1", c.from.Name, c.to.Name, c.to.PodSubnet), time.Minute, func() (bool, error) {
+			out, err := c.from.Run(ctx, "ip", "route", "get", c.to.PodSubnet.Addr().Next().String())
+			return err == nil && strings.Contains(out, "dev flannel.1"), seen("ip route get: %v %s", err, out)
+		})
 	}
 }
 

@@ -186,7 +186,8 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 }
 
 // startKubelet imports the node's images into containerd and starts the kubelet. On the
-// flannel cluster, the node's pod range is then the one the controller-manager allocated.
+// flannel cluster, the node's pod range is then the one the controller-manager allocated, and
+// it returns once flanneld runs there.
 func (n *Node) startKubelet(ctx context.Context) error {
 	for _, img := range n.opts.Images {
 		if _, err := n.Run(ctx, n.ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
@@ -196,10 +197,13 @@ func (n *Node) startKubelet(ctx context.Context) error {
 	if err := n.StartComponent(ctx, "kubelet"); err != nil {
 		return err
 	}
-	if n.flannel() {
-		return n.takePodCIDR(ctx)
+	if !n.flannel() {
+		return nil
 	}
-	return nil
+	if err := n.takePodCIDR(ctx); err != nil {
+		return err
+	}
+	return n.waitFlannel(ctx)
 }
 
 // root is the control-plane node of n's cluster.

@@ -512,7 +512,8 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 // Job never hears of it. The same kubelet also strands such a pod that it had admitted but
 // not yet given a sandbox when the reboot came: it stays Pending with no
 // PodReadyToStartContainers condition at all, its only Event Scheduled, and no ADD ever runs
-// for it. That is the kubelet's behaviour, not
+// for it — and one whose sandbox had just started, its containers then ended by the reboot
+// (exit 255) before the condition turned true in the API. That is the kubelet's behaviour, not
 // detour's: the soak counts such pods and does not wait for them.
 func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {
@@ -550,6 +551,17 @@ func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 		for _, r := range reboots {
 			if p.CreationTimestamp.Time.Before(r) && !c.LastTransitionTime.Time.Before(r.Truncate(time.Second)) {
 				return true
+			}
+		}
+	}
+	// A sandbox that came up just before the reboot without its status reaching the API (the
+	// condition still false since before it): one of its containers ended at the reboot.
+	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
+		if t := cs.State.Terminated; t != nil {
+			for _, r := range reboots {
+				if p.CreationTimestamp.Time.Before(r) && !t.FinishedAt.Time.Before(r.Truncate(time.Second)) {
+					return true
+				}
 			}
 		}
 	}

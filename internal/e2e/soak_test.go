@@ -536,7 +536,9 @@ func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 			sandbox = &p.Status.Conditions[i]
 		}
 	}
-	if sandbox == nil && scheduled != nil && scheduled.Status == corev1.ConditionTrue {
+	// No sandbox, or one still not ready in the API since before the reboot (the reboot came
+	// while the kubelet was creating it).
+	if (sandbox == nil || sandbox.Status == corev1.ConditionFalse) && scheduled != nil && scheduled.Status == corev1.ConditionTrue {
 		for _, r := range reboots {
 			// Long enough after the reboot that the kubelet has synced every pod it will.
 			if scheduled.LastTransitionTime.Time.Before(r) && time.Since(r) > strandedAfter {

@@ -79,14 +79,14 @@ func servicesAndDNS(t *testing.T, ctx context.Context, e *env) {
 		if injected {
 			// The proxy saw the ClusterIP as the original destination of each connection,
 			// the names included: kube-proxy's translation comes after the pod.
-			if proxyLog := e.logs(ctx, c.ns, p.Name, "detour-proxy"); strings.Count(proxyLog, "-> "+clusterIP) < len(addrs[c.ns]) {
-				t.Errorf("the client's proxy did not carry its %d connections to %s:\n%s", len(addrs[c.ns]), clusterIP, proxyLog)
+			if proxyLog := e.logsAll(ctx, c.ns, p.Name, "detour-proxy"); strings.Count(proxyLog, "-> "+clusterIP) < len(addrs[c.ns]) {
+				t.Errorf("the client's proxy did not carry its %d connections to %s:\n%s\n%s", len(addrs[c.ns]), clusterIP, proxyLog, e.describe(ctx, c.ns))
 			}
 		}
 	}
 	// The server's app saw every connection come through its proxy.
-	if proxyLog := e.logs(ctx, "svc", web.Name, "detour-proxy"); strings.Count(proxyLog, "proxy inbound") < len(addrs["svc"])+len(addrs["svc-plain"]) {
-		t.Errorf("the server's proxy logged fewer inbound connections than the clients made:\n%s", proxyLog)
+	if proxyLog := e.logsAll(ctx, "svc", web.Name, "detour-proxy"); strings.Count(proxyLog, "proxy inbound") < len(addrs["svc"])+len(addrs["svc-plain"]) {
+		t.Errorf("the server's proxy logged fewer inbound connections than the clients made:\n%s\n%s", proxyLog, e.describe(ctx, "svc"))
 	}
 	// A process of the node (host network) reaches the ClusterIP through kube-proxy's output hook.
 	if greeting, err := e.node.Greeting(ctx, clusterIP); err != nil || !strings.HasPrefix(greeting, "web") {

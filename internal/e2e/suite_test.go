@@ -371,6 +371,17 @@ func (e *env) logs(ctx context.Context, ns, pod, container string) string {
 	return string(data)
 }
 
+// logsAll is what container logged in every instance the kubelet still keeps: the previous
+// one's log (when it restarted) before the current one's, so a count of connections does not
+// lose those an earlier instance carried.
+func (e *env) logsAll(ctx context.Context, ns, pod, container string) string {
+	prev, err := e.node.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, Previous: true}).DoRaw(ctx)
+	if err != nil {
+		return e.logs(ctx, ns, pod, container)
+	}
+	return string(prev) + "(restarted)\n" + e.logs(ctx, ns, pod, container)
+}
+
 // describe summarises the pods and events of ns for a failure message.
 func (e *env) describe(ctx context.Context, ns string) string {
 	var b strings.Builder

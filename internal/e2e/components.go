@@ -55,7 +55,7 @@ func (n *Node) writeFiles() error {
 	}
 	if n.flannel() {
 		// Flannel's DaemonSet writes the conflist; flanneld its subnet file here.
-		if err := os.MkdirAll(filepath.Join(n.Dir, "cni", "flannel"), 0o755); err != nil {
+		if err := os.MkdirAll(n.ownFlannelDir(), 0o755); err != nil {
 			return err
 		}
 	} else if err := n.WritePrimaryConfig(); err != nil {

@@ -32,7 +32,13 @@ const (
 
 // flannelDir holds flanneld's subnet file (its /run/flannel) and the plugin's state; it is
 // under the cni directory that every node mounts its own over (cluster.go).
-func (n *Node) flannelDir() string { return filepath.Join(n.root().Dir, "cni", "flannel") }
+func (n *Node) flannelDir() string { return n.root().ownFlannelDir() }
+
+// ownFlannelDir is where this node's flannelDir is on the host's side of its mounts.
+func (n *Node) ownFlannelDir() string { return filepath.Join(n.Dir, "cni", "flannel") }
+
+// flannelSubnetFile is the subnet file flanneld writes on this node.
+func (n *Node) flannelSubnetFile() string { return filepath.Join(n.ownFlannelDir(), "subnet.env") }
 
 // deployFlannel applies flannel's objects with image; its DaemonSet's pod on each node writes
 // the node's conflist, and the node becomes Ready then.
@@ -52,7 +58,7 @@ func (n *Node) deployFlannel(ctx context.Context, image string) error {
 // an init container), and a pod started in between fails its sandbox until then, as on any
 // flannel node.
 func (n *Node) waitFlannel(ctx context.Context) error {
-	path := filepath.Join(n.Dir, "cni", "flannel", "subnet.env")
+	path := n.flannelSubnetFile()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		return fileExists(path), nil
 	})

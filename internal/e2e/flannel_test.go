@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/detourmesh/detour/internal/e2e/upstream"
 )
@@ -83,7 +81,7 @@ func flannelChained(t *testing.T, ctx context.Context, e *env, b *Node) {
 		if _, err := os.Stat(nodeDropIn(n)); err != nil {
 			t.Errorf("node %s: detour's drop-in for network %s: %v", n.Name, FlannelNetwork, err)
 		}
-		subnet, err := os.ReadFile(filepath.Join(n.Dir, "cni", "flannel", "subnet.env"))
+		subnet, err := os.ReadFile(n.flannelSubnetFile())
 		if err != nil || !strings.Contains(string(subnet), "FLANNEL_SUBNET="+n.PodSubnet.Addr().Next().String()+"/") {
 			t.Errorf("node %s: flanneld's subnet file does not give the node's pod range %s: %v\n%s", n.Name, n.PodSubnet, err, subnet)
 		}
@@ -170,8 +168,7 @@ func (e *env) restartFlannel(ctx context.Context, nodes int) error {
 	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, sel); err != nil {
 		return err
 	}
-	var last string
-	err = wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+	err = poll(ctx, 2*time.Minute, func() (bool, error) {
 		list, err := pods.List(ctx, sel)
 		if err != nil {
 			return false, err
@@ -183,11 +180,10 @@ func (e *env) restartFlannel(ctx context.Context, nodes int) error {
 				ready++
 			}
 		}
-		last = fmt.Sprintf("%d of %d new pods ready", ready, nodes)
-		return ready == nodes, nil
+		return ready == nodes, seen("%d of %d new pods ready", ready, nodes)
 	})
 	if err != nil {
-		return fmt.Errorf("flannel's pods did not come back (%s): %w", last, err)
+		return fmt.Errorf("flannel's pods did not come back: %w", err)
 	}
 	return nil
 }

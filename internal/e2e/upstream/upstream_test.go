@@ -1,11 +1,25 @@
 package upstream
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 )
+
+// TestFlannelRefIsTheBuiltVersion keeps FlannelRef's tag the flannel version hack/tools/flannel
+// builds: the image holds that flanneld, whatever its tag says.
+func TestFlannelRefIsTheBuiltVersion(t *testing.T) {
+	data, err := os.ReadFile("../../../hack/tools/flannel/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, tag, _ := strings.Cut(FlannelRef, ":")
+	if want := "github.com/flannel-io/flannel " + tag + " "; !strings.Contains(string(data), want) {
+		t.Errorf("FlannelRef is %s, but hack/tools/flannel/go.mod does not require %q:\n%s", FlannelRef, want, data)
+	}
+}
 
 // A report as e2e.test writes it (Ginkgo's JUnit, failure message omitted, "[It] " names).
 const junitFixture = `<?xml version="1.0" encoding="UTF-8"?>

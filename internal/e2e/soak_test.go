@@ -506,65 +506,35 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 	}
 }
 
-// strandedByReboot reports whether p is a pod with restartPolicy Never created before a reboot
-// that took its sandbox: kubelet 1.37 creates no new sandbox for it and leaves it Pending
-// (Init:Unknown, Init:StartError, Init:1/2...) with PodReadyToStartContainers false, and its
-// Job never hears of it. The same kubelet also strands such a pod that it had admitted but
-// not yet given a sandbox when the reboot came: it stays Pending with no
-// PodReadyToStartContainers condition at all, its only Event Scheduled, and no ADD ever runs
-// for it — and one whose sandbox had just started, its containers then ended by the reboot
-// (exit 255) before the condition turned true in the API. That is the kubelet's behaviour, not
-// detour's: the soak counts such pods and does not wait for them.
+// strandedByReboot reports whether p is a pod with restartPolicy Never that a reboot left
+// without a sandbox: scheduled before the reboot, it is still Pending with no
+// PodReadyToStartContainers condition or a false one, long after the reboot. Kubelet 1.37 gives
+// such a pod no new sandbox, whether the reboot took the sandbox it had, came while the
+// kubelet was creating it, or ended its containers (exit 255) before its status reached the
+// API; its Job never hears of it. That is the kubelet's behaviour, not detour's: the soak
+// counts such pods and does not wait for them.
 func (s *soak) strandedByReboot(p *corev1.Pod) bool {
 	if p.Spec.RestartPolicy != corev1.RestartPolicyNever || p.Status.Phase != corev1.PodPending {
 		return false
 	}
-	s.mu.Lock()
-	var reboots []time.Time
-	for _, f := range s.faults {
-		if f.kind == faultReboot {
-			reboots = append(reboots, f.start)
-		}
-	}
-	s.mu.Unlock()
-	var scheduled, sandbox *corev1.PodCondition
+	var scheduled *corev1.PodCondition
 	for i, c := range p.Status.Conditions {
-		switch c.Type {
-		case corev1.PodScheduled:
+		switch {
+		case c.Type == corev1.PodScheduled && c.Status == corev1.ConditionTrue:
 			scheduled = &p.Status.Conditions[i]
-		case corev1.PodReadyToStartContainers:
-			sandbox = &p.Status.Conditions[i]
+		case c.Type == corev1.PodReadyToStartContainers && c.Status == corev1.ConditionTrue:
+			return false
 		}
 	}
-	// No sandbox, or one still not ready in the API since before the reboot (the reboot came
-	// while the kubelet was creating it).
-	if (sandbox == nil || sandbox.Status == corev1.ConditionFalse) && scheduled != nil && scheduled.Status == corev1.ConditionTrue {
-		for _, r := range reboots {
-			// Long enough after the reboot that the kubelet has synced every pod it will.
-			if scheduled.LastTransitionTime.Time.Before(r) && time.Since(r) > strandedAfter {
-				return true
-			}
-		}
+	if scheduled == nil {
+		return false
 	}
-	for _, c := range p.Status.Conditions {
-		if c.Type != corev1.PodReadyToStartContainers || c.Status != corev1.ConditionFalse {
-			continue
-		}
-		for _, r := range reboots {
-			if p.CreationTimestamp.Time.Before(r) && !c.LastTransitionTime.Time.Before(r.Truncate(time.Second)) {
-				return true
-			}
-		}
-	}
-	// A sandbox that came up just before the reboot without its status reaching the API (the
-	// condition still false since before it): one of its containers ended at the reboot.
-	for _, cs := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
-		if t := cs.State.Terminated; t != nil {
-			for _, r := range reboots {
-				if p.CreationTimestamp.Time.Before(r) && !t.FinishedAt.Time.Before(r.Truncate(time.Second)) {
-					return true
-				}
-			}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.faults {
+		// Long enough after the reboot that the kubelet has synced every pod it will.
+		if f.kind == faultReboot && scheduled.LastTransitionTime.Time.Before(f.start) && time.Since(f.start) > strandedAfter {
+			return true
 		}
 	}
 	return false

@@ -20,18 +20,21 @@ import (
 
 // alertsFireAndResolve (issue 24): a Prometheus server built from the Prometheus module scrapes
 // detour on the real node through the chart's own scrape annotations (the usual kubernetes-pods
-// job) and evaluates the chart's PrometheusRule, rendered with shorter `for:` overrides. The
-// primary CNI is replaced by one detour refuses (CNI 0.2.0), so detour's configuration leaves
-// the node, and an opted-in Deployment gets pods: DetourNodeWithoutConfiguration and
-// DetourValidatorsCatchingPods go firing in Prometheus' own API; once the primary is fixed they
-// resolve.
+// job) and evaluates the chart's PrometheusRule, rendered with shorter `for:` durations and
+// rate window. The primary CNI is replaced by one detour refuses (CNI 0.2.0), so detour's
+// configuration leaves the node, and an opted-in Deployment gets pods:
+// DetourNodeWithoutConfiguration and DetourValidatorsCatchingPods go firing in Prometheus' own
+// API; once the primary is fixed they resolve.
 func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	const (
 		withoutConfig = "DetourNodeWithoutConfiguration"
 		catching      = "DetourValidatorsCatchingPods"
 		forTime       = 10 * time.Second
 	)
-	prom := e.startPrometheus(t, ctx, map[string]string{withoutConfig: "10s", catching: "10s"})
+	// The catching alert's rate window shrinks too, so that it resolves a minute after the last
+	// catch rather than five (the shipped window is manifests/testdata/alerts_test.yaml's).
+	prom := e.startPrometheus(t, ctx, map[string]string{withoutConfig: "10s", catching: "10s"},
+		map[string]string{"rate(detour_repair_pods_seen_total[5m])": "rate(detour_repair_pods_seen_total[1m])"})
 
 	// Scraped through the annotations: the node agent (with repair's metrics merged in) and
 	// the webhook, each series with the node it runs on.
@@ -87,7 +90,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	}
 
 	// The primary is fixed: detour's configuration comes back, the pods are repaired, and the
-	// alerts resolve (DetourValidatorsCatchingPods once no pod was caught for its 5m window).
+	// alerts resolve (DetourValidatorsCatchingPods once no pod was caught for its window).
 	if err := e.node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,9 +154,10 @@ type prometheus struct {
 
 // startPrometheus writes the Prometheus configuration — the kubernetes-pods job that scrapes
 // pods by their prometheus.io annotations, with the node label the alerts name — and the rules
-// of the chart's PrometheusRule rendered with the for: overrides given, starts the server and
-// stops it when the test ends.
-func (e *env) startPrometheus(t *testing.T, ctx context.Context, forOverrides map[string]string) *prometheus {
+// of the chart's PrometheusRule rendered with the for: overrides given and each exprRewrites
+// key replaced by its value (the test fails if one is missing), starts the server and stops it
+// when the test ends.
+func (e *env) startPrometheus(t *testing.T, ctx context.Context, forOverrides, exprRewrites map[string]string) *prometheus {
 	t.Helper()
 	dir := e.node.PrometheusDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -178,6 +182,12 @@ func (e *env) startPrometheus(t *testing.T, ctx context.Context, forOverrides ma
 	rules, err := yaml.JSONToYAML(rule.Spec)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for old, new := range exprRewrites {
+		if !strings.Contains(string(rules), old) {
+			t.Fatalf("the chart's rules no longer contain %q to shorten:\n%s", old, rules)
+		}
+		rules = []byte(strings.ReplaceAll(string(rules), old, new))
 	}
 	config := fmt.Sprintf(`global:
   scrape_interval: 2s

@@ -1,3 +1,5 @@
+//go:build cluster
+
 package e2e
 
 import (
@@ -22,28 +24,16 @@ import (
 // nodes: the control-plane node and B, which joins registered with detour's startup taint, as
 // docs/operations.md tells admins to register a node pool's nodes.
 //
-// It runs before TestE2E (go test runs a package's tests in the order of their files) and
-// stops its cluster when it ends; the two share the artifacts.
+// `make e2e-cluster` runs it (build tag cluster), with TestE2ECluster; each starts a cluster of
+// its own and stops it when it ends, and they share the artifacts.
 func TestE2EFlannel(t *testing.T) {
-	bin := requireNode(t)
-	e, err := newEnv(bin, Options{FlannelImage: upstream.FlannelRef})
-	if err != nil {
-		t.Fatalf("start the flannel cluster: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := e.node.Stop(); err != nil {
-			t.Errorf("stop the flannel cluster: %v", err)
-		}
-	})
+	e := ownEnv(t, Options{FlannelImage: upstream.FlannelRef})
 	ctx, cancel := testContext(t, e.node, 20*time.Minute)
 	defer cancel()
 	e.installDetour(t, ctx, "")
 	e.setNodeAgent(t, ctx, e.node, true)
 	b := e.join(t, ctx, "e2e-node-b")
-	for _, s := range []struct {
-		name string
-		run  func(*testing.T, context.Context, *env, *Node)
-	}{
+	for _, s := range []clusterStory{
 		{"chained-after-flannel", flannelChained},
 		{"cross-node", flannelCrossNode},
 		{"flannel-restarts-on-every-node", flannelRestarts},

@@ -54,7 +54,7 @@ func TestE2E(t *testing.T) {
 		{"monitoring/alerts-fire-and-resolve", alertsFireAndResolve},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
-		{"cluster", clusterStories},
+		{"cluster", clusterSmoke},
 		{"services/cluster-ip-and-dns", servicesAndDNS},
 		{"mesh-wide/every-namespace", meshWide},
 		{"conformance/smoke", conformanceSmoke},

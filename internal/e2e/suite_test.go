@@ -101,6 +101,27 @@ func setUp(t testing.TB) *env {
 	return shared.env
 }
 
+// ownEnv starts a cluster of the test's own with opts and stops it, with its registry, when
+// the test ends. It must not run beside the shared node (setUp): they take the same addresses.
+func ownEnv(t *testing.T, opts Options) *env {
+	t.Helper()
+	e, err := newEnv(requireNode(t), opts)
+	if err != nil {
+		t.Fatalf("start the test's cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if e.registry != nil {
+			if err := e.registry.Close(); err != nil {
+				t.Errorf("stop the registry: %v", err)
+			}
+		}
+		if err := e.node.Stop(); err != nil {
+			t.Errorf("stop the test's cluster: %v", err)
+		}
+	})
+	return e
+}
+
 // newEnv builds the artifacts (once per run) and starts a control-plane node with opts (its
 // taints, flannel), the artifacts' images and CoreDNS.
 func newEnv(bin string, opts Options) (*env, error) {

@@ -11,7 +11,7 @@
 # then e2e.test; the rest beside them).
 #
 # With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
-# helm are built.
+# helm are built; flannel only with DETOUR_BINARIES=cluster (make e2e-cluster).
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -190,13 +190,15 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	done
 	# The cluster's DNS (internal/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
 	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
-	# Flannel, the primary CNI of the flannel cluster (internal/e2e/flannel.go): flanneld, whose
-	# udp backend needs cgo (static, so that it runs on any userland), and its CNI plugin, from
-	# containernetworking/plugins v0.9.1, where it lived before it moved to flannel-io/cni-plugin
-	# (a module the proxy here refuses).
-	CGO_ENABLED=1 TAGS="netgo osusergo" build flanneld "$flannel" flannel github.com/flannel-io/flannel \
-		"-extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$flannel"
-	build flannel "$flannelcni" flannel-cni github.com/containernetworking/plugins/plugins/meta/flannel
+	if [ "${DETOUR_BINARIES:-all}" = cluster ]; then
+		# Flannel, the primary CNI of the flannel cluster (internal/e2e/flannel.go, make
+		# e2e-cluster): flanneld, whose udp backend needs cgo (static, so that it runs on any
+		# userland), and its CNI plugin, from containernetworking/plugins v0.9.1, where it lived
+		# before it moved to flannel-io/cni-plugin (a module the proxy here refuses).
+		CGO_ENABLED=1 TAGS="netgo osusergo" build flanneld "$flannel" flannel github.com/flannel-io/flannel \
+			"-extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$flannel"
+		build flannel "$flannelcni" flannel-cni github.com/containernetworking/plugins/plugins/meta/flannel
+	fi
 	build_rootfs
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
 	crds="$bin/prometheus-operator-crds-$operator"

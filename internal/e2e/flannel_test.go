@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/detourmesh/detour/internal/e2e/upstream"
+	"github.com/detourmesh/detour/internal/testenv"
 )
 
 // TestE2EFlannel runs the cluster stories against a primary CNI that nobody here wrote
@@ -27,6 +29,11 @@ import (
 // `make e2e-cluster` runs it (build tag cluster), with TestE2ECluster; each starts a cluster of
 // its own and stops it when it ends, and they share the artifacts.
 func TestE2EFlannel(t *testing.T) {
+	for _, name := range []string{"flanneld", "flannel"} {
+		if _, err := os.Stat(filepath.Join(testenv.BinDir(), name)); err != nil {
+			t.Fatalf("flannel is not built (%v): make e2e-cluster builds it (DETOUR_BINARIES=cluster bash hack/test-binaries.sh)", err)
+		}
+	}
 	e := ownEnv(t, Options{FlannelImage: upstream.FlannelRef})
 	ctx, cancel := testContext(t, e.node, 20*time.Minute)
 	defer cancel()

@@ -22,7 +22,7 @@ import (
 var nodeBinaries = []string{
 	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
 	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "portmap", "helm",
-	"prometheus", "kube-proxy", "coredns", "e2e.test", "agnhost", "debian-rootfs.tar", "flanneld", "flannel",
+	"prometheus", "kube-proxy", "coredns", "e2e.test", "agnhost", "debian-rootfs.tar",
 }
 
 // requireNode skips (or, in CI, fails) the test when a node cannot run here, saying every

@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -27,8 +28,8 @@ const (
 const debianPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 // Images builds the test images from binDir (hack/test-binaries.sh's: debian-rootfs.tar,
-// agnhost, coredns, flanneld and flannel); pause is the caller's pause image, tagged PauseRef
-// too. The userland is one layer that every image shares.
+// agnhost, coredns, and flanneld and flannel when it built them); pause is the caller's pause
+// image, tagged PauseRef too. The userland is one layer that every image shares.
 //
 // Where they differ from upstream's: upstream builds agnhost on Alpine (musl), so the DNS
 // tests' "musl" prober resolves with glibc here; its /coredns is v1.15.0 (ours, with the
@@ -48,13 +49,15 @@ func Images(binDir string, pause v1.Image) (map[string]v1.Image, error) {
 		}, Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{debianPath}},
 		DNSTestRef: {Base: base, Files: []image.File{coredns}, Cmd: []string{"bash"}, Env: []string{debianPath}},
 		NginxRef:   {Base: base, Cmd: []string{"nginx", "-g", "daemon off;"}, Env: []string{debianPath}},
+	}
+	if _, err := os.Stat(filepath.Join(binDir, "flanneld")); err == nil {
 		// As upstream's: flanneld where kube-flannel.yml runs it, and the CNI plugin where its
 		// install-cni-plugin init container copies it from; iptables (for --ip-masq) and cp
 		// come with the userland.
-		FlannelRef: {Base: base, Files: []image.File{
+		specs[FlannelRef] = image.Spec{Base: base, Files: []image.File{
 			{Path: "/opt/bin/flanneld", Source: filepath.Join(binDir, "flanneld"), Mode: 0o755},
 			{Path: "/flannel", Source: filepath.Join(binDir, "flannel"), Mode: 0o755},
-		}, Entrypoint: []string{"/opt/bin/flanneld"}, Env: []string{debianPath}},
+		}, Entrypoint: []string{"/opt/bin/flanneld"}, Env: []string{debianPath}}
 	}
 	imgs := map[string]v1.Image{PauseRef: pause}
 	for ref, spec := range specs {

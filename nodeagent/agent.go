@@ -57,6 +57,9 @@ type Agent struct {
 	labelRemoved bool
 	// nodeGone: the node's Node object is deleted, and detour is kept off the node (Run only).
 	nodeGone bool
+	// nodeUnconfirmed: the watch said the Node object is deleted, and the read that confirms it
+	// failed; the next reconcile reads again (Run only). The watch will not say it twice.
+	nodeUnconfirmed bool
 	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
 	beforeReplace func()
 	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.
@@ -902,6 +905,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		nodeEvents = a.watchNode(ctx)
 	}
 	reconcile := func() {
+		if a.nodeUnconfirmed {
+			a.followNode(ctx, false)
+		}
 		if a.nodeGone {
 			a.removeFromDeletedNode()
 			a.passes.Add(1)

@@ -685,6 +685,44 @@ func TestUninstall(t *testing.T) {
 	}
 }
 
+// The watch says the Node object is deleted once; when the read that confirms it fails (an API
+// server that does not answer for a moment), the agent reads it again at its next resync and
+// still takes detour off the node, rather than keeping it there until it restarts.
+func TestRunRemovesDetourWhenTheDeletionIsConfirmedLate(t *testing.T) {
+	e := newEnv(t)
+	primary := filepath.Join(e.confDir, "10-calico.conflist")
+	writeFile(t, primary, calico)
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}})
+	var failing sync.Mutex
+	failUntil := time.Time{}
+	client.PrependReactor("get", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		failing.Lock()
+		defer failing.Unlock()
+		if time.Now().Before(failUntil) {
+			return true, nil, apierrors.NewServiceUnavailable("the API server is restarting")
+		}
+		return false, nil, nil
+	})
+	e.flags.NodeName = "node-1"
+	a := e.agent(t, nodeagent.WithNodeClient(client))
+	stop := run(t, a)
+	defer stop()
+	eventually(t, "the agent is ready", func() bool { ok, _ := a.Ready(); return ok })
+
+	failing.Lock()
+	failUntil = time.Now().Add(1500 * time.Millisecond) // beyond the watch's event, within two resyncs
+	failing.Unlock()
+	if err := client.Tracker().Delete(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, "", "node-1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "detour to leave the node once the deletion is confirmed", func() bool {
+		ok, reason := a.Ready()
+		_, err := os.Stat(filepath.Join(e.binDir, "detour-cni"))
+		return ok && strings.Contains(reason, "Node object is deleted") && errors.Is(err, os.ErrNotExist) &&
+			!slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni")
+	})
+}
+
 // Issue 15.3: when an entry cannot be removed, the binary, kubeconfig and token it needs stay:
 // without them every ADD on the node fails with "plugin not found".
 func TestUninstallKeepsWhatARemainingEntryNeeds(t *testing.T) {

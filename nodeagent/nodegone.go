@@ -49,9 +49,11 @@ func (a *Agent) watchNode(ctx context.Context) <-chan bool {
 }
 
 // followNode acts on the Node object's change: deleted (confirmed by a read: a watch's last word
-// can be stale), it removes detour from the node's disk; created again, it lets the reconcile
-// install it. It reports whether the reconcile should run now.
+// can be stale; a read that fails is tried again at the next reconcile), it removes detour from
+// the node's disk; created again, it lets the reconcile install it. It reports whether the
+// reconcile should run now.
 func (a *Agent) followNode(ctx context.Context, exists bool) bool {
+	a.nodeUnconfirmed = false
 	if exists {
 		if !a.nodeGone {
 			return false
@@ -63,7 +65,8 @@ func (a *Agent) followNode(ctx context.Context, exists bool) bool {
 	_, err := a.client.CoreV1().Nodes().Get(ctx, a.node.name, metav1.GetOptions{})
 	if !apierrors.IsNotFound(err) {
 		if err != nil {
-			a.log.Warn("the node's Node object looks deleted but cannot be read; leaving detour in place", "node", a.node.name, "err", err)
+			a.nodeUnconfirmed = true
+			a.log.Warn("the node's Node object looks deleted but cannot be read; leaving detour in place and reading it again at the next resync", "node", a.node.name, "err", err)
 		}
 		return false
 	}

@@ -66,7 +66,7 @@ func (a *Agent) followNode(ctx context.Context, exists bool) bool {
 	if !apierrors.IsNotFound(err) {
 		if err != nil {
 			a.nodeUnconfirmed = true
-			a.log.Warn("the node's Node object looks deleted but cannot be read; leaving detour in place and reading it again at the next resync", "node", a.node.name, "err", err)
+			a.log.Warn("the node's Node object looks deleted but cannot be read; leaving detour in place and reading it again at the next reconcile", "node", a.node.name, "err", err)
 		}
 		return false
 	}

@@ -27,12 +27,18 @@ const StartedMarker = "detour validate: starting "
 // and whether the container runs again now. At the proxy's start a termination is the check's
 // only when its message (the log's end, as the injected containers' terminationMessagePolicy
 // FallbackToLogsOnError makes it) is detour's and the proxy was never started: the proxy's own
-// exit, or the pod's end (a Job's sidecar stopped), is not a failure of the check.
+// exit, or the pod's end (a Job's sidecar stopped), is not a failure of the check. A proxy that
+// has started (its status says Started: its startup probe passed, which only the proxy the
+// check execs after passing can make happen) has passed its check, whatever its last
+// termination says: a check that failed once and then passed in a new sandbox is no failure.
 func LastFailure(pod *corev1.Pod) (code int32, running, failed bool) {
 	name := CheckContainer(pod)
 	for _, s := range pod.Status.InitContainerStatuses {
 		if s.Name != name {
 			continue
+		}
+		if name == annotations.ProxyContainer && s.Started != nil && *s.Started {
+			return 0, s.State.Running != nil, false
 		}
 		t := s.State.Terminated
 		if t == nil {

@@ -554,6 +554,20 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"validator": {Error, "the validator of 1 injected pod failed: shop/web-1 on node-a (exit 42, no redirect)"}}},
+		// Issue 32.4: a proxy that started has passed its check, although its last termination
+		// is a failed check (before a reboot; the new sandbox had the redirect).
+		{name: "the proxy's check failed once, then passed", change: func(f *fixture) {
+			p := f.objects[2].(*corev1.Pod)
+			p.Annotations[annotations.Validator] = "image-volume"
+			started := true
+			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: annotations.ProxyContainer, Started: &started,
+				State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{}},
+				LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+					ExitCode: 42, Message: "detour: no redirect in this pod's network namespace: …"}}}}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator": {OK, "no injected pod's validator is failing (1 injected pod)"}}},
 		{name: "version skew", change: func(f *fixture) { f.ds.Spec.Template.Spec.Containers[1].Image = "ghcr.io/detourmesh/detour:v0.2.0" }, want: map[string]struct {
 			status Status
 			msg    string

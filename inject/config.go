@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
@@ -104,6 +105,10 @@ type Proxy struct {
 	ReadinessProbe *corev1.Probe
 	LivenessProbe  *corev1.Probe
 	StartupProbe   *corev1.Probe
+	// SeccompProfile is the proxy container's own seccomp profile (RuntimeDefault unless the
+	// configuration says otherwise), so that it passes the restricted Pod Security Standard
+	// whatever the pod sets.
+	SeccompProfile corev1.SeccompProfile
 }
 
 // Validator is the template of the injected validator init container.
@@ -123,6 +128,8 @@ type Validator struct {
 	// skip lists say.
 	Probes    []netip.AddrPort
 	Resources corev1.ResourceRequirements
+	// SeccompProfile is the validator container's own seccomp profile, as the proxy's.
+	SeccompProfile corev1.SeccompProfile
 }
 
 // GIDRange is an inclusive range of GIDs.
@@ -180,6 +187,8 @@ type ProxyFile struct {
 	ReadinessProbe  *corev1.Probe                `json:"readinessProbe,omitempty"`
 	LivenessProbe   *corev1.Probe                `json:"livenessProbe,omitempty"`
 	StartupProbe    *corev1.Probe                `json:"startupProbe,omitempty"`
+	// SeccompProfile: unset means {type: RuntimeDefault}.
+	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
 }
 
 // ValidatorFile is the validator section of [File].
@@ -194,6 +203,8 @@ type ValidatorFile struct {
 	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
 	// Mode: "auto", "init-container" or "image-volume".
 	Mode string `json:"mode,omitempty"`
+	// SeccompProfile: unset means {type: RuntimeDefault}.
+	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
 }
 
 // GIDRangeFile is the gidRange section of [File].
@@ -356,9 +367,20 @@ func (f *File) completeProxy(c *Config, check func(error)) {
 	c.Proxy.Env = slices.Clone(p.Env)
 	c.Proxy.Resources = resources(p.Resources, defaultProxyResources())
 	check(checkResources("proxy.resources", c.Proxy.Resources))
-	c.Proxy.ReadinessProbe = probe(p.ReadinessProbe)
-	c.Proxy.LivenessProbe = probe(p.LivenessProbe)
-	c.Proxy.StartupProbe = probe(p.StartupProbe)
+	for _, pr := range []struct {
+		field string
+		from  *corev1.Probe
+		to    **corev1.Probe
+	}{
+		{"proxy.readinessProbe", p.ReadinessProbe, &c.Proxy.ReadinessProbe},
+		{"proxy.livenessProbe", p.LivenessProbe, &c.Proxy.LivenessProbe},
+		{"proxy.startupProbe", p.StartupProbe, &c.Proxy.StartupProbe},
+	} {
+		check(checkProbeHost(pr.field, pr.from))
+		*pr.to = probe(pr.from)
+	}
+	c.Proxy.SeccompProfile, err = seccompProfile("proxy.seccompProfile", p.SeccompProfile)
+	check(err)
 }
 
 // completeValidator fills in c.Validator from the validator section (after the proxy, whose
@@ -411,6 +433,8 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
 	check(checkResources("validator.resources", c.Validator.Resources))
+	c.Validator.SeccompProfile, err = seccompProfile("validator.seccompProfile", v.SeccompProfile)
+	check(err)
 	switch m := annotations.ValidatorModeValue(v.Mode); m {
 	case "":
 		c.Validator.Mode = annotations.ValidatorAuto
@@ -419,7 +443,7 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 	case annotations.ValidatorImageVolume:
 		c.Validator.Mode = m
 		if why := c.foldBlocker(); why != "" {
-			check(invalid("validator.mode", strconv.Quote(v.Mode), "%s; set it, or use \"auto\" or \"init-container\"", why))
+			check(invalid("validator.mode", strconv.Quote(v.Mode), "%s, or use \"auto\" or \"init-container\"", why))
 		}
 	default:
 		check(invalid("validator.mode", strconv.Quote(v.Mode), "use \"auto\", \"init-container\" or \"image-volume\""))
@@ -428,17 +452,110 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 
 // foldBlocker says why the validator's check cannot run in the proxy's start with this
 // configuration, or "" when it can: the check execs the proxy's command, which the webhook must
-// know, and only a startup probe holds the pod's next containers back until the proxy — and so
-// the check — has started (without one the kubelet starts them as soon as the proxy's process
-// runs, and an app could start before a failing check ends).
+// know, and only a startup probe that reaches the proxy holds the pod's next containers back
+// until the proxy — and so the check — has started (without one the kubelet starts them as
+// soon as the proxy's process runs; with one that does not depend on the proxy, such as an
+// exec probe, as soon as that passes; either way an app could start before a failing check
+// ends).
 func (c *Config) foldBlocker() string {
 	switch {
 	case len(c.Proxy.Command) == 0:
-		return "proxy.command is not set (the check runs first and then execs the proxy's command, which the webhook must know)"
+		return "proxy.command is not set (the check runs first and then execs the proxy's command, which the webhook must know): set it"
 	case c.Proxy.StartupProbe == nil:
-		return "proxy.startupProbe is not set (without one the kubelet starts the app as soon as the proxy's process runs, before a failing check could stop it)"
+		return "proxy.startupProbe is not set (without one the kubelet starts the app as soon as the proxy's process runs, before a failing check could stop it): set one that probes one of the proxy's ports"
 	}
-	return ""
+	return c.startupProbeBlocker()
+}
+
+// startupProbeBlocker says why the proxy's startup probe does not prove that the proxy (and so
+// the check before it) has started, or "": it must be a tcpSocket, httpGet or grpc probe on one
+// of the proxy's own ports, which nothing answers until the proxy listens.
+func (c *Config) startupProbeBlocker() string {
+	p := c.Proxy.StartupProbe
+	var kind string
+	var port intstr.IntOrString
+	switch {
+	case p.TCPSocket != nil:
+		kind, port = "tcpSocket", p.TCPSocket.Port
+	case p.HTTPGet != nil:
+		kind, port = "httpGet", p.HTTPGet.Port
+	case p.GRPC != nil:
+		kind, port = "grpc", intstr.FromInt32(p.GRPC.Port)
+	case p.Exec != nil:
+		return fmt.Sprintf("proxy.startupProbe is an exec probe, which need not depend on the proxy (it can pass while a failing check still runs, and the app then starts before the check ended): use a tcpSocket, httpGet or grpc probe on one of the proxy's ports (%s)", c.proxyPortList())
+	default:
+		return fmt.Sprintf("proxy.startupProbe has no tcpSocket, httpGet or grpc action: probe one of the proxy's ports (%s)", c.proxyPortList())
+	}
+	if c.isProxyPort(port) {
+		return ""
+	}
+	return fmt.Sprintf("proxy.startupProbe.%s.port %s is none of the proxy's ports (%s), so the probe need not wait for the proxy, nor for the check before it: probe one of them", kind, port.String(), c.proxyPortList())
+}
+
+// isProxyPort reports whether port (a number, or the name of a port of the proxy container) is
+// one the proxy listens on: its inbound, outbound or an admin port.
+func (c *Config) isProxyPort(port intstr.IntOrString) bool {
+	if port.Type == intstr.String {
+		return slices.ContainsFunc(c.Proxy.AdminPorts, func(a uint16) bool { return AdminPortName(a) == port.StrVal })
+	}
+	n := port.IntValue()
+	return n == int(c.Proxy.InboundPort) || n == int(c.Proxy.OutboundPort) ||
+		slices.ContainsFunc(c.Proxy.AdminPorts, func(a uint16) bool { return int(a) == n })
+}
+
+// proxyPortList names the proxy's ports for messages.
+func (c *Config) proxyPortList() string {
+	s := fmt.Sprintf("inbound %d, outbound %d", c.Proxy.InboundPort, c.Proxy.OutboundPort)
+	for _, a := range c.Proxy.AdminPorts {
+		s += fmt.Sprintf(", admin %d (%s)", a, AdminPortName(a))
+	}
+	return s
+}
+
+// AdminPortName is the name of the proxy container's port for admin port p.
+func AdminPortName(p uint16) string { return fmt.Sprintf("admin-%d", p) }
+
+// checkProbeHost refuses a proxy probe that names a host: the kubelet would probe that host
+// instead of the pod, and the baseline and restricted Pod Security Standards refuse the pod.
+func checkProbeHost(field string, p *corev1.Probe) error {
+	if p == nil {
+		return nil
+	}
+	switch {
+	case p.HTTPGet != nil && p.HTTPGet.Host != "":
+		return invalid(field+".httpGet.host", strconv.Quote(p.HTTPGet.Host), "remove it: the kubelet then probes the pod's own IP, and the Pod Security Standards (baseline and restricted) refuse a probe with a host")
+	case p.TCPSocket != nil && p.TCPSocket.Host != "":
+		return invalid(field+".tcpSocket.host", strconv.Quote(p.TCPSocket.Host), "remove it: the kubelet then probes the pod's own IP, and the Pod Security Standards (baseline and restricted) refuse a probe with a host")
+	}
+	return nil
+}
+
+// seccompProfile resolves a seccompProfile field: {type: RuntimeDefault} when unset, else a
+// profile the API server accepts (Localhost with a relative localhostProfile, RuntimeDefault
+// or Unconfined without one).
+func seccompProfile(field string, p *corev1.SeccompProfile) (corev1.SeccompProfile, error) {
+	if p == nil {
+		return corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}, nil
+	}
+	local := ""
+	if p.LocalhostProfile != nil {
+		local = *p.LocalhostProfile
+	}
+	switch p.Type {
+	case corev1.SeccompProfileTypeRuntimeDefault, corev1.SeccompProfileTypeUnconfined:
+		if p.LocalhostProfile != nil {
+			return corev1.SeccompProfile{}, invalid(field+".localhostProfile", strconv.Quote(local), "only type Localhost takes a localhostProfile: remove it, or set type: Localhost")
+		}
+		return corev1.SeccompProfile{Type: p.Type}, nil
+	case corev1.SeccompProfileTypeLocalhost:
+		if local == "" || strings.HasPrefix(local, "/") || slices.Contains(strings.Split(local, "/"), "..") {
+			return corev1.SeccompProfile{}, invalid(field+".localhostProfile", strconv.Quote(local), "type Localhost needs the profile's path relative to the kubelet's seccomp directory, without \"..\", such as profiles/proxy.json")
+		}
+		return corev1.SeccompProfile{Type: p.Type, LocalhostProfile: ptr(local)}, nil
+	case "":
+		return corev1.SeccompProfile{}, invalid(field+".type", nil, "is required: use RuntimeDefault (the default, which the restricted Pod Security Standard accepts), Localhost or Unconfined")
+	}
+	return corev1.SeccompProfile{}, invalid(field+".type", strconv.Quote(string(p.Type)), "use RuntimeDefault (the default, which the restricted Pod Security Standard accepts), Localhost (with localhostProfile) or Unconfined (which restricted refuses)")
 }
 
 // completeInitEgress fills in the default init-container selection.

@@ -3,6 +3,7 @@ package inject
 import (
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,10 @@ func TestParseConfigDefaults(t *testing.T) {
 	if !cfg.InitEgress.All || cfg.GIDRange != (GIDRange{2600, 2699}) || cfg.ConflictPolicy != ConflictWarn || cfg.SidecarMode != SidecarAuto ||
 		strings.Join(cfg.ExcludeNamespaces, ",") != "kube-system,kube-public,kube-node-lease" || cfg.DefaultInject != annotations.InjectDisabled {
 		t.Errorf("defaults = %+v", cfg)
+	}
+	runtimeDefault := corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}
+	if !reflect.DeepEqual(p.SeccompProfile, runtimeDefault) || !reflect.DeepEqual(v.SeccompProfile, runtimeDefault) {
+		t.Errorf("seccomp profiles default to %+v and %+v, want RuntimeDefault", p.SeccompProfile, v.SeccompProfile)
 	}
 	none, err := ParseConfig([]byte("proxy: {image: p, resources: {}}\nexcludeNamespaces: []\n"))
 	if err != nil || len(none.ExcludeNamespaces) != 0 || len(none.Proxy.Resources.Requests) != 0 {
@@ -66,6 +71,14 @@ func TestParseConfigErrors(t *testing.T) {
 		{"proxy: {image: p}\ndefaultInject: all", `defaultInject: "all" is not valid: use "disabled"`},
 		{"proxy: {image: p}\nproxyy: {}", `unknown field "proxyy"`},
 		{"proxy: [1]", "decode"},
+		{"proxy: {image: p, seccompProfile: {type: runtime/default}}", `proxy.seccompProfile.type: "runtime/default" is not valid: use RuntimeDefault`},
+		{"proxy: {image: p, seccompProfile: {localhostProfile: a.json}}", "proxy.seccompProfile.type: is required"},
+		{"proxy: {image: p, seccompProfile: {type: Localhost}}", `proxy.seccompProfile.localhostProfile: "" is not valid: type Localhost needs the profile's path relative to the kubelet's seccomp directory`},
+		{"proxy: {image: p}\nvalidator: {seccompProfile: {type: Localhost, localhostProfile: /etc/a.json}}", `validator.seccompProfile.localhostProfile: "/etc/a.json" is not valid`},
+		{"proxy: {image: p}\nvalidator: {seccompProfile: {type: Localhost, localhostProfile: ../a.json}}", `validator.seccompProfile.localhostProfile: "../a.json" is not valid`},
+		{"proxy: {image: p, seccompProfile: {type: RuntimeDefault, localhostProfile: a.json}}", `proxy.seccompProfile.localhostProfile: "a.json" is not valid: only type Localhost takes a localhostProfile`},
+		{"proxy: {image: p, readinessProbe: {httpGet: {host: 10.0.0.1, port: 4191}}}", `proxy.readinessProbe.httpGet.host: "10.0.0.1" is not valid: remove it`},
+		{"proxy: {image: p, startupProbe: {tcpSocket: {host: example.com, port: 4191}}}", `proxy.startupProbe.tcpSocket.host: "example.com" is not valid: remove it`},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -76,6 +89,35 @@ func TestParseConfigErrors(t *testing.T) {
 	_, err := ParseConfig([]byte("proxy: {uid: 0}\nsidecarMode: x"))
 	if err == nil || !strings.Contains(err.Error(), "proxy.image") || !strings.Contains(err.Error(), "proxy.uid") || !strings.Contains(err.Error(), "sidecarMode") {
 		t.Errorf("error = %v, want all three fields", err)
+	}
+}
+
+// The seccomp profiles are the configuration's: each container's own, Localhost with its
+// path, or Unconfined (which the restricted Pod Security Standard refuses, the admin's choice).
+func TestParseConfigSeccompProfile(t *testing.T) {
+	cfg, err := ParseConfig([]byte("proxy: {image: p, seccompProfile: {type: Localhost, localhostProfile: profiles/proxy.json}}\nvalidator: {seccompProfile: {type: Unconfined}}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := "profiles/proxy.json"
+	if want := (corev1.SeccompProfile{Type: corev1.SeccompProfileTypeLocalhost, LocalhostProfile: &local}); !reflect.DeepEqual(cfg.Proxy.SeccompProfile, want) {
+		t.Errorf("proxy.seccompProfile = %+v, want %+v", cfg.Proxy.SeccompProfile, want)
+	}
+	if cfg.Validator.SeccompProfile.Type != corev1.SeccompProfileTypeUnconfined {
+		t.Errorf("validator.seccompProfile = %+v, want Unconfined", cfg.Validator.SeccompProfile)
+	}
+	pod := newPod()
+	if _, err := Mutate(pod, Input{NamespaceAnnotations: optedIn}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append(pod.Spec.InitContainers, pod.Spec.Containers...) {
+		want := map[string]corev1.SeccompProfileType{annotations.ProxyContainer: corev1.SeccompProfileTypeLocalhost, annotations.ValidatorContainer: corev1.SeccompProfileTypeUnconfined}[c.Name]
+		if want == "" {
+			continue
+		}
+		if sp := c.SecurityContext.SeccompProfile; sp == nil || sp.Type != want {
+			t.Errorf("%s: seccompProfile %+v, want %s", c.Name, sp, want)
+		}
 	}
 }
 

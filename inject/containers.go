@@ -9,9 +9,14 @@ import (
 )
 
 // restricted is the security context of both injected containers: a fixed non-root identity,
-// no privilege escalation, a read-only root filesystem and no capabilities.
-func restricted(uid, gid uint32) *corev1.SecurityContext {
+// no privilege escalation, a read-only root filesystem, no capabilities and the configured
+// seccomp profile (RuntimeDefault unless the configuration says otherwise). Each field the
+// restricted Pod Security Standard checks is set on the container itself, so that the injected
+// containers pass it whatever the pod's securityContext holds: PodSecurity admission runs after
+// the mutating webhooks.
+func restricted(uid, gid uint32, seccomp corev1.SeccompProfile) *corev1.SecurityContext {
 	return &corev1.SecurityContext{
+		SeccompProfile:           seccomp.DeepCopy(),
 		RunAsUser:                ptr(int64(uid)),
 		RunAsGroup:               ptr(int64(gid)),
 		RunAsNonRoot:             ptr(true),
@@ -51,7 +56,7 @@ func validatorContainer(cfg *Config) corev1.Container {
 		ImagePullPolicy:          cfg.Validator.ImagePullPolicy,
 		Command:                  ValidatorCommand(cfg),
 		Resources:                *cfg.Validator.Resources.DeepCopy(),
-		SecurityContext:          restricted(cfg.Validator.UID, cfg.Validator.GID),
+		SecurityContext:          restricted(cfg.Validator.UID, cfg.Validator.GID, cfg.Validator.SeccompProfile),
 		TerminationMessagePath:   terminationMessagePath,
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
@@ -69,7 +74,7 @@ func proxyContainer(cfg *Config) corev1.Container {
 		ReadinessProbe:           p.ReadinessProbe.DeepCopy(),
 		LivenessProbe:            p.LivenessProbe.DeepCopy(),
 		StartupProbe:             p.StartupProbe.DeepCopy(),
-		SecurityContext:          restricted(p.UID, p.GID),
+		SecurityContext:          restricted(p.UID, p.GID, p.SeccompProfile),
 		TerminationMessagePath:   terminationMessagePath,
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
 	}
@@ -78,7 +83,7 @@ func proxyContainer(cfg *Config) corev1.Container {
 	}
 	for _, port := range p.AdminPorts {
 		c.Ports = append(c.Ports, corev1.ContainerPort{
-			Name:          fmt.Sprintf("admin-%d", port),
+			Name:          AdminPortName(port),
 			ContainerPort: int32(port),
 			Protocol:      corev1.ProtocolTCP,
 		})

@@ -99,7 +99,7 @@ func ResolveValidatorMode(cfg *Config, c Cluster) ValidatorDecision {
 		}
 		return initContainer("%d of %d nodes cannot mount image volumes: %s", n, c.Nodes, strings.Join(names, "; "))
 	}
-	return ValidatorDecision{annotations.ValidatorImageVolume, fmt.Sprintf("every node (%d) mounts image volumes, and the proxy's command and startup probe are known", c.Nodes)}
+	return ValidatorDecision{annotations.ValidatorImageVolume, fmt.Sprintf("every node (%d) mounts image volumes, and the proxy's command and a startup probe on one of its ports are known", c.Nodes)}
 }
 
 func orUnknown(s string) string {

@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -262,5 +263,59 @@ func TestImageVolumes(t *testing.T) {
 		if got != tc.want || !strings.Contains(why, tc.because) {
 			t.Errorf("%s %s: %v %q, want %v %q", tc.kubelet, tc.runtime, got, why, tc.want, tc.because)
 		}
+	}
+}
+
+// Only a startup probe that reaches the proxy holds the app back until the check (which runs
+// before the proxy) has passed: validator.mode image-volume refuses any other, auto falls back
+// to the init container and says why, and a pod that asks for image-volume gets a warning and
+// the init container (issue 32, item 7).
+func TestFoldNeedsAStartupProbeOnAProxyPort(t *testing.T) {
+	const base = "proxy: {image: proxy:test, command: [proxy], adminPorts: [4191, 9901], startupProbe: %s}\nvalidator: {mode: %s}"
+	ok := Cluster{APIServerVersion: "v1.37.2", Nodes: 1}
+	for _, tc := range []struct {
+		probe string
+		why   string // "" when the probe reaches the proxy
+	}{
+		{"{tcpSocket: {port: 4191}}", ""},
+		{"{tcpSocket: {port: 9901}}", ""},
+		{"{tcpSocket: {port: admin-9901}}", ""},
+		{"{httpGet: {path: /ready, port: 4143}}", ""},
+		{"{grpc: {port: 4140}}", ""},
+		{"{exec: {command: [cat, /tmp/ready]}}", "proxy.startupProbe is an exec probe, which need not depend on the proxy"},
+		{"{tcpSocket: {port: 8080}}", "proxy.startupProbe.tcpSocket.port 8080 is none of the proxy's ports (inbound 4143, outbound 4140, admin 4191 (admin-4191), admin 9901 (admin-9901))"},
+		{"{httpGet: {path: /, port: http}}", "proxy.startupProbe.httpGet.port http is none of the proxy's ports"},
+		{"{grpc: {port: 9090}}", "proxy.startupProbe.grpc.port 9090 is none of the proxy's ports"},
+		{"{periodSeconds: 1}", "proxy.startupProbe has no tcpSocket, httpGet or grpc action"},
+	} {
+		t.Run(tc.probe, func(t *testing.T) {
+			_, err := ParseConfig([]byte(fmt.Sprintf(base, tc.probe, "image-volume")))
+			switch {
+			case tc.why == "" && err != nil:
+				t.Errorf("validator.mode image-volume refused: %v", err)
+			case tc.why != "" && (err == nil || !strings.Contains(err.Error(), `validator.mode: "image-volume" is not valid: `+tc.why)):
+				t.Errorf("validator.mode image-volume: error %v, want %q", err, tc.why)
+			}
+			auto, err := ParseConfig([]byte(fmt.Sprintf(base, tc.probe, "auto")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			d := ResolveValidatorMode(auto, ok)
+			want := annotations.ValidatorImageVolume
+			if tc.why != "" {
+				want = annotations.ValidatorInitContainer
+			}
+			if d.Mode != want || tc.why != "" && !strings.Contains(d.Reason, tc.why) {
+				t.Errorf("auto decided %+v, want %s because %q", d, want, tc.why)
+			}
+			pod := newPod(annotate(annotations.ValidatorMode, "image-volume"))
+			res, err := Mutate(pod, Input{NamespaceAnnotations: optedIn, NativeSidecars: true}, auto)
+			if err != nil || res.Validator != want {
+				t.Fatalf("a pod asking for image-volume got %q (%v), want %q", res.Validator, err, want)
+			}
+			if warned := strings.Contains(strings.Join(res.Warnings, "\n"), "cannot be granted"); warned != (tc.why != "") {
+				t.Errorf("warnings %q; want one that says why exactly when the probe does not reach the proxy", res.Warnings)
+			}
+		})
 	}
 }

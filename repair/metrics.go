@@ -76,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"reason"}),
 		Errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_errors_total",
-			Help: "Failed API calls, by action: delete, annotate, event, read-node.",
+			Help: "Failed API calls, by action: delete, annotate, event, read-node, save-backoff.",
 		}, []string{"action"}),
 	}
 	for _, r := range []string{SkipNoController, SkipAlreadyAnnotated, SkipGone} {
@@ -85,7 +85,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{DeferRateLimited, DeferNodeNotReady, DeferOwnerBackoff} {
 		m.PodsDeferred.WithLabelValues(r)
 	}
-	for _, a := range []string{ActionDelete, ActionAnnotate, ActionEvent, ActionReadNode} {
+	for _, a := range []string{ActionDelete, ActionAnnotate, ActionEvent, ActionReadNode, ActionSaveBackoff} {
 		m.Errors.WithLabelValues(a)
 	}
 	if reg != nil {
@@ -134,7 +134,7 @@ const (
 	// StateInjected: an injected pod (detour's annotations), running or starting.
 	StateInjected = "injected"
 	// StateCaught: an injected pod whose validator found no redirect and that is not repaired
-	// yet (a subset of injected).
+	// yet, also while its check runs again ([Caught]; a subset of injected).
 	StateCaught = "caught"
 	// StateUninjected: a pod that opted in (its own detour.dev/inject or its namespace's) but
 	// runs without injection: created while the webhook was down under failurePolicy Ignore,
@@ -143,7 +143,7 @@ const (
 )
 
 var descPods = prometheus.NewDesc("detour_repair_pods",
-	"This node's pods (not terminal, not in the host network) by state: injected; caught (injected, the validator found no redirect, not repaired yet); uninjected (opted in by its own or its namespace's detour.dev/inject, one the webhook injects, but without injection: admitted while the webhook was unreachable, or created before the namespace opted in).",
+	"This node's pods (not terminal, not in the host network) by state: injected; caught (injected, the validator found no redirect, not repaired yet, also while the check runs again); uninjected (opted in by its own or its namespace's detour.dev/inject, one the webhook injects, but without injection: admitted while the webhook was unreachable, or created before the namespace opted in).",
 	[]string{"state"}, nil)
 
 // Collector returns the gauge of the node's pods by state, read from the controller's caches at
@@ -171,7 +171,7 @@ func (p podStates) Collect(ch chan<- prometheus.Metric) {
 		switch {
 		case annotations.IsInjected(pod.Annotations):
 			counts[StateInjected]++
-			if NeedsRepair(pod) {
+			if Caught(pod) {
 				counts[StateCaught]++
 			}
 		case p.c.optedIn(pod):
@@ -184,7 +184,8 @@ func (p podStates) Collect(ch chan<- prometheus.Metric) {
 }
 
 // optedIn reports whether pod asks for injection — its own detour.dev/inject, else its
-// namespace's, else the webhook's default — and is one the webhook would inject: not
+// namespace's, else the webhook's default, read with the webhook's parser (a value it refuses
+// asks for nothing) — and is one the webhook would inject: not
 // [NeverInjected], not in kube-system (which the chart's webhook configuration never selects)
 // nor in a namespace the webhook excludes.
 func (c *Controller) optedIn(pod *corev1.Pod) bool {
@@ -201,7 +202,8 @@ func (c *Controller) optedIn(pod *corev1.Pod) bool {
 			return c.cfg.InjectByDefault
 		}
 	}
-	return v == string(annotations.InjectEnabled)
+	mode, err := annotations.ParseInjectMode(v)
+	return err == nil && mode == annotations.InjectEnabled
 }
 
 // NeverInjected reports whether pod is one the webhook never injects, whatever it asks for:

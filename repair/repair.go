@@ -138,19 +138,34 @@ func ownerKind(ref *metav1.OwnerReference) string {
 	return group + "/" + ref.Kind
 }
 
-// NeedsRepair reports whether pod is an injected pod, not being deleted and not terminal, whose
-// validator check terminated with [validator.ExitNoRedirect] — in its current state, or in its
-// last one while it waits to restart (Init:CrashLoopBackOff) — in the detour-validator init
-// container or at the start of the detour-proxy container ([validator.LastFailure]). A check that
-// since passed (after a new sandbox), or that is running again (it may pass), is not a failure;
-// neither is a Failed or Succeeded pod, which its controller already replaced or which is done.
-func NeedsRepair(pod *corev1.Pod) bool {
+// Caught reports whether pod is an injected pod, not being deleted and not terminal, whose
+// validator check's last run terminated with [validator.ExitNoRedirect] and has not passed
+// since — in its current state, or in its last one while it waits to restart
+// (Init:CrashLoopBackOff) or runs again — in the detour-validator init container or at the start
+// of the detour-proxy container ([validator.LastFailure]). A check that finds no redirect spends
+// its whole timeout running, so a run under way does not hide the last one's result (as
+// `detour check --cluster` reads it): the pod stays caught through its retries. A Failed or
+// Succeeded pod is not caught: its controller already replaced it, or it is done.
+func Caught(pod *corev1.Pod) bool {
+	caught, _ := caughtRunning(pod)
+	return caught
+}
+
+// caughtRunning reports [Caught], and whether the check runs again now.
+func caughtRunning(pod *corev1.Pod) (caught, running bool) {
 	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) ||
 		pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
-		return false
+		return false, false
 	}
 	code, running, failed := validator.LastFailure(pod)
-	return failed && !running && code == validator.ExitNoRedirect
+	return failed && code == validator.ExitNoRedirect, running
+}
+
+// NeedsRepair reports whether pod is [Caught] and its check is not running again: in a new
+// sandbox a check that runs may pass, so the pod is not deleted before it can.
+func NeedsRepair(pod *corev1.Pod) bool {
+	caught, running := caughtRunning(pod)
+	return caught && !running
 }
 
 // Controller repairs the pods of one node.

@@ -136,6 +136,27 @@ func folded(message string) func(*corev1.Pod) {
 	}
 }
 
+// retrying runs p's check again: its container runs, not started.
+func retrying(p *corev1.Pod) *corev1.Pod {
+	p.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	return p
+}
+
+// foldedPod is [failedPod] with the check at its proxy's start.
+func foldedPod(name string) *corev1.Pod {
+	p := failedPod(name, nil)
+	folded(noRedirect)(p)
+	return p
+}
+
+// healed makes p's proxy, whose check failed once, start.
+func healed(p *corev1.Pod) *corev1.Pod {
+	started := true
+	p.Status.InitContainerStatuses[0].State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{}}
+	p.Status.InitContainerStatuses[0].Started = &started
+	return p
+}
+
 func TestFlagsParse(t *testing.T) {
 	f := DefaultFlags()
 	f.NodeName = "node-1"
@@ -381,7 +402,8 @@ func TestHandler(t *testing.T) {
 	f.sync(t, "web-1")
 	rec := httptest.NewRecorder()
 	f.c.Handler(f.reg).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for _, want := range []string{"detour_repair_pods_seen_total 1", "detour_repair_pods_deleted_total 1", `detour_repair_pods_skipped_total{reason="no-controller"} 0`, `detour_repair_errors_total{action="delete"} 0`} {
+	for _, want := range []string{"detour_repair_pods_seen_total 1", "detour_repair_pods_deleted_total 1", `detour_repair_pods_skipped_total{reason="no-controller"} 0`, `detour_repair_errors_total{action="delete"} 0`,
+		`detour_repair_errors_total{action="save-backoff"} 0`} {
 		if !strings.Contains(rec.Body.String(), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
@@ -647,15 +669,17 @@ func TestSyncWaitsForThisBootsReadiness(t *testing.T) {
 }
 
 // detour_repair_pods counts the node's pods by state, from the caches: injected, caught
-// (injected, no redirect), and uninjected though opted in (by the pod or its namespace, or,
-// with the webhook's defaultInject enabled, by neither saying otherwise).
+// (injected, no redirect; issue 32.5: also while the check runs again, so that a pod in
+// Init:CrashLoopBackOff stays caught through its retries), and uninjected though opted in (by
+// the pod or its namespace, read as the webhook reads them, or, with the webhook's defaultInject
+// enabled, by neither saying otherwise).
 func TestPodStates(t *testing.T) {
 	for _, tc := range []struct {
 		defaultInject string
 		uninjected    float64
 	}{
-		{"disabled", 2}, // missed, own-opt-in
-		{"enabled", 3},  // and plain, whose namespace says nothing
+		{"disabled", 4}, // missed, own-opt-in, spaced, in-padded
+		{"enabled", 5},  // and plain, whose namespace says nothing
 	} {
 		t.Run("defaultInject "+tc.defaultInject, func(t *testing.T) {
 			testPodStates(t, tc.defaultInject, tc.uninjected)
@@ -681,8 +705,16 @@ func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "off", Annotations: disabled}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-public"}},
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "detour-system"}},
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "padded", Annotations: map[string]string{annotations.Inject: " enabled"}}},
 		pod("meshed", "shop", injected),
 		failedPod("caught", nil),
+		// The check runs again after it found no redirect: still caught.
+		retrying(failedPod("retrying", nil)),
+		retrying(foldedPod("proxy-retrying")),
+		// The proxy started after its check failed once: it passed, not caught.
+		healed(foldedPod("healed")),
+		pod("spaced", "plain", map[string]string{annotations.Inject: "enabled\n"}),
+		pod("in-padded", "padded", nil),
 		pod("missed", "shop", nil),
 		pod("opted-out", "shop", disabled),
 		pod("own-opt-in", "plain", enabled),
@@ -704,7 +736,7 @@ func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 		t.Fatalf("before the caches synced: %v, %v; want nothing", families, err)
 	}
 	runController(t, c)
-	want := map[string]float64{StateInjected: 2, StateCaught: 1, StateUninjected: uninjected}
+	want := map[string]float64{StateInjected: 5, StateCaught: 3, StateUninjected: uninjected}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		got := map[string]float64{}

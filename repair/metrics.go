@@ -17,8 +17,8 @@ import (
 const (
 	// SkipNoController: a bare pod, annotated instead of deleted.
 	SkipNoController = "no-controller"
-	// SkipJob: a pod of a Job, annotated instead of deleted (the Job would count the deletion
-	// against its backoffLimit).
+	// SkipJob: a pod of a Job that the kubelet fails by itself (restartPolicy Never, the check
+	// in the validator init container), left to its Job, which replaces it.
 	SkipJob = "job"
 	// SkipOwnerNotRecreating: a pod whose owner is not in --recreating-owners, annotated.
 	SkipOwnerNotRecreating = "owner-not-recreating"
@@ -68,7 +68,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		PodsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_skipped_total",
-			Help: "Failed pods not deleted, by reason: no-controller, job, owner-not-recreating (annotated instead), already-annotated, gone.",
+			Help: "Failed pods not deleted, by reason: no-controller, owner-not-recreating (annotated instead), job (failed by the kubelet, replaced by its Job), already-annotated, gone.",
 		}, []string{"reason"}),
 		PodsDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_deferred_total",

@@ -64,8 +64,9 @@ type Flags struct {
 
 // DefaultRecreatingOwners are the built-in controllers that replace a deleted pod without
 // counting it as a failure. Jobs are not among them: a Job counts a deleted pod against its
-// backoffLimit. Neither are Argo Workflows, Tekton, Spark or KubeVirt, whose pods are not
-// recreated when deleted.
+// backoffLimit, so a Job's pod is deleted only where it could never succeed otherwise
+// ([checkRunsAgain]). Neither are Argo Workflows, Tekton, Spark or KubeVirt, whose pods are
+// not recreated when deleted.
 var DefaultRecreatingOwners = []string{"apps/ReplicaSet", "apps/StatefulSet", "apps/DaemonSet"}
 
 // DefaultFlags returns the defaults.
@@ -166,6 +167,20 @@ func caughtRunning(pod *corev1.Pod) (caught, running bool) {
 func NeedsRepair(pod *corev1.Pod) bool {
 	caught, running := caughtRunning(pod)
 	return caught && !running
+}
+
+// jobKind is a Job's group/Kind.
+const jobKind = "batch/Job"
+
+// checkRunsAgain reports whether the kubelet runs pod's failed check again in the same sandbox,
+// where it cannot pass: at the proxy's start (a restartable init container, which the kubelet
+// restarts whatever the pod's restartPolicy, so that a restartPolicy Never pod never fails and
+// its Job waits for ever), or in the validator init container of a pod whose restartPolicy is
+// not Never (OnFailure: each restart counts against its Job's backoffLimit, and none can pass).
+// A restartPolicy Never pod whose validator init container failed is Failed at once (the
+// kubelet's pod phase) and its Job replaces it: nothing to repair.
+func checkRunsAgain(pod *corev1.Pod) bool {
+	return validator.CheckContainer(pod) == annotations.ProxyContainer || pod.Spec.RestartPolicy != corev1.RestartPolicyNever
 }
 
 // Controller repairs the pods of one node.
@@ -378,7 +393,20 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 	c.mu.Unlock()
 
 	owner := metav1.GetControllerOf(pod)
-	if owner != nil && !c.cfg.RecreatingOwners[ownerKind(owner)] {
+	switch {
+	case owner == nil || c.cfg.RecreatingOwners[ownerKind(owner)]:
+	case ownerKind(owner) == jobKind:
+		// A Job replaces a pod that fails, and counts a deleted one as failed. A pod whose
+		// check runs again in its sandbox never fails (at the proxy's start) or only once
+		// its restarts have used up the Job's backoffLimit: deleted, it is one failure, and
+		// its replacement gets the redirect. A pod the kubelet fails by itself needs nothing.
+		if !checkRunsAgain(pod) {
+			c.markDone(pod)
+			c.metrics.PodsSkipped.WithLabelValues(SkipJob).Inc()
+			c.log.Info("a Job's pod fails by itself (restartPolicy Never); its Job replaces it", "pod", key, "job", owner.Name)
+			return 0, nil
+		}
+	default:
 		owner = nil // nothing recreates it when deleted: annotated like a bare pod
 	}
 	if owner == nil {
@@ -577,16 +605,20 @@ func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.
 	c.deleted(pod, owner)
 	c.saveBackoff(ctx)
 	c.metrics.PodsDeleted.Inc()
-	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. Deleted the pod so that its %s %s recreates it with the redirect.",
-		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName, owner.Kind, owner.Name)
+	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. ",
+		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName)
+	if ownerKind(owner) == jobKind {
+		msg += fmt.Sprintf("The kubelet runs the check again in the same sandbox, where it cannot pass, so the pod would not end as a Job's pod should. Deleted the pod so that its Job %s replaces it with one that gets the redirect; the Job counts the deleted pod as one failure against its backoffLimit.", owner.Name)
+	} else {
+		msg += fmt.Sprintf("Deleted the pod so that its %s %s recreates it with the redirect.", owner.Kind, owner.Name)
+	}
 	c.log.Info("deleted pod so its controller recreates it", "pod", pod.Namespace+"/"+pod.Name, "uid", uid, "owner", owner.Kind+"/"+owner.Name)
 	c.event(ctx, pod, "Delete", msg)
 	return nil
 }
 
 // annotate marks a pod that detour does not delete, because nothing would recreate it the way
-// it was (a bare pod, or an owner not in --recreating-owners), or because its Job would count
-// the deletion against its backoffLimit.
+// it was (a bare pod, or an owner not in --recreating-owners).
 func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. ",
 		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName)
@@ -594,9 +626,6 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 	switch ref := metav1.GetControllerOf(pod); {
 	case ref == nil:
 		value += "It has no controller, so detour does not delete it: delete it and create it again from its manifest."
-	case ownerKind(ref) == "batch/Job":
-		skip = SkipJob
-		value += fmt.Sprintf("Its Job %s would count a deletion against its backoffLimit, so detour does not delete it: delete the pod if the Job has retries left (its replacement gets the redirect), or run the Job again.", ref.Name)
 	default:
 		skip = SkipOwnerNotRecreating
 		value += fmt.Sprintf("Its owner %s %s is not known to recreate deleted pods (repair's --recreating-owners), so detour does not delete it: recreate it through its owner (for example rerun the workflow or restart the VM).", ownerKind(ref), ref.Name)

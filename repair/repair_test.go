@@ -531,15 +531,14 @@ func owner(apiVersion, kind, name string) *metav1.OwnerReference {
 	return &metav1.OwnerReference{APIVersion: apiVersion, Kind: kind, Name: name, UID: types.UID("uid-" + kind + "-" + name), Controller: &yes}
 }
 
-// Issue 15.6: only owners known to recreate a deleted pod get it deleted; a Job's pod, and the
-// pods of owners that never recreate one (Argo Workflows, Tekton, Spark, KubeVirt), are
-// annotated with what to do instead. The list is configurable.
+// Issue 15.6: only owners known to recreate a deleted pod get it deleted; the pods of owners
+// that never recreate one (Argo Workflows, Tekton, Spark, KubeVirt) are annotated with what to
+// do instead. The list is configurable. (A Job's pods: TestSyncJobPods.)
 func TestSyncDeletesOnlyForRecreatingOwners(t *testing.T) {
 	pods := map[string]*metav1.OwnerReference{
 		"rs":       owner("apps/v1", "ReplicaSet", "web"),
 		"sts":      owner("apps/v1", "StatefulSet", "db"),
 		"ds":       owner("apps/v1", "DaemonSet", "agent"),
-		"job":      owner("batch/v1", "Job", "migrate"),
 		"argo":     owner("argoproj.io/v1alpha1", "Workflow", "etl"),
 		"tekton":   owner("tekton.dev/v1", "TaskRun", "build"),
 		"kubevirt": owner("kubevirt.io/v1", "VirtualMachineInstance", "vm"),
@@ -553,9 +552,9 @@ func TestSyncDeletesOnlyForRecreatingOwners(t *testing.T) {
 		message map[string]string // pod: part of the annotation
 	}{
 		{"defaults", DefaultRecreatingOwners, []string{"rs", "sts", "ds"},
-			map[string]string{"job": SkipJob, "argo": SkipOwnerNotRecreating, "tekton": SkipOwnerNotRecreating, "kubevirt": SkipOwnerNotRecreating, "fake-rs": SkipOwnerNotRecreating},
-			map[string]string{"job": "Its Job migrate would count a deletion against its backoffLimit", "argo": "Its owner argoproj.io/Workflow etl is not known to recreate deleted pods"}},
-		{"configured", []string{"apps/ReplicaSet", "argoproj.io/Workflow", "batch/Job"}, []string{"rs", "argo", "job"},
+			map[string]string{"argo": SkipOwnerNotRecreating, "tekton": SkipOwnerNotRecreating, "kubevirt": SkipOwnerNotRecreating, "fake-rs": SkipOwnerNotRecreating},
+			map[string]string{"argo": "Its owner argoproj.io/Workflow etl is not known to recreate deleted pods"}},
+		{"configured", []string{"apps/ReplicaSet", "argoproj.io/Workflow"}, []string{"rs", "argo"},
 			map[string]string{"sts": SkipOwnerNotRecreating}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -761,5 +760,117 @@ func testPodStates(t *testing.T, defaultInject string, uninjected float64) {
 			t.Fatal("the caches did not sync")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// add creates pod in the fake API, as its controller would, and waits until the controller's
+// cache holds it.
+func (f *fixture) add(t *testing.T, pod *corev1.Pod) {
+	t.Helper()
+	if _, err := f.client.CoreV1().Pods(pod.Namespace).Create(context.Background(), pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if _, err := f.c.pods.Pods(pod.Namespace).Get(pod.Name); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the cache did not see pod %s", pod.Name)
+		}
+	}
+}
+
+// jobPod is a pod of Job job whose check found no redirect, with restartPolicy policy; its
+// check runs at the proxy's start when foldedCheck is set, else in the validator init container.
+func jobPod(name, job string, policy corev1.RestartPolicy, foldedCheck bool) *corev1.Pod {
+	p := failedPod(name, owner("batch/v1", "Job", job))
+	p.Spec.RestartPolicy = policy
+	if foldedCheck {
+		folded(noRedirect)(p)
+	}
+	return p
+}
+
+// Issue 32.2: a Job's pod whose check runs again in its sandbox, where it cannot pass, is
+// deleted so that its Job replaces it: at the proxy's start the kubelet restarts the check for
+// ever (a restartPolicy Never pod never fails, and its Job, or a CronJob's next run under
+// concurrencyPolicy Forbid, waits for good); under OnFailure every restart counts against the
+// Job's backoffLimit. A Never pod whose validator init container failed is failed by the
+// kubelet and replaced by its Job: repair leaves it alone.
+func TestSyncJobPods(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		policy  corev1.RestartPolicy
+		folded  bool
+		deleted bool
+	}{
+		{"the proxy's check, restartPolicy Never", corev1.RestartPolicyNever, true, true},
+		{"the proxy's check, restartPolicy OnFailure", corev1.RestartPolicyOnFailure, true, true},
+		{"the validator, restartPolicy OnFailure", corev1.RestartPolicyOnFailure, false, true},
+		{"the validator, restartPolicy Never", corev1.RestartPolicyNever, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t, DefaultFlags(), true, jobPod("report-x1", "report", tc.policy, tc.folded))
+			if _, err := f.sync(t, "report-x1"); err != nil {
+				t.Fatal(err)
+			}
+			if n := len(f.actions("patch")); n != 0 {
+				t.Errorf("annotated a Job's pod (%d patches)", n)
+			}
+			deletes, evs := f.actions("delete"), f.events(t)
+			if !tc.deleted {
+				if len(deletes) != 0 || len(evs) != 0 {
+					t.Errorf("%d deletes, events %+v; want none: the kubelet fails the pod and its Job replaces it", len(deletes), evs)
+				}
+				if got := value(f.c.metrics.PodsSkipped.WithLabelValues(SkipJob)); got != 1 {
+					t.Errorf("skipped{job} = %v, want 1", got)
+				}
+				return
+			}
+			if len(deletes) != 1 {
+				t.Fatalf("%d deletes, want 1", len(deletes))
+			}
+			if pre := deletes[0].(k8stesting.DeleteActionImpl).DeleteOptions.Preconditions; pre == nil || pre.UID == nil || *pre.UID != "uid-report-x1" {
+				t.Errorf("delete preconditions %+v, want the pod's UID", pre)
+			}
+			if len(evs) != 1 || evs[0].Action != "Delete" || evs[0].Reason != EventReason ||
+				!strings.Contains(evs[0].Message, "Deleted the pod so that its Job report replaces it") || !strings.Contains(evs[0].Message, "backoffLimit") {
+				t.Errorf("events %+v", evs)
+			}
+			if value(f.c.metrics.PodsDeleted) != 1 {
+				t.Errorf("deleted %v, want 1", value(f.c.metrics.PodsDeleted))
+			}
+		})
+	}
+}
+
+// A Job's pods are deleted under the safeguards of every deletion: not before the node is
+// ready, and a replacement that fails the same way waits for its Job's backoff.
+func TestSyncJobPodSafeguards(t *testing.T) {
+	f := newFixture(t, DefaultFlags(), false, jobPod("report-a", "report", corev1.RestartPolicyNever, true))
+	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	f.c.now = func() time.Time { return now }
+	if retry, err := f.sync(t, "report-a"); err != nil || retry <= 0 || len(f.actions("delete")) != 0 {
+		t.Fatalf("sync before the node is ready = %v, %v, %d deletes; want a retry later", retry, err, len(f.actions("delete")))
+	}
+	node, err := f.client.CoreV1().Nodes().Get(context.Background(), "node-1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node.Labels[annotations.CNIReadyLabel] = "true"
+	if _, err := f.client.CoreV1().Nodes().Update(context.Background(), node, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(nodeCheckInterval)
+	if _, err := f.sync(t, "report-a"); err != nil || len(f.actions("delete")) != 1 {
+		t.Fatalf("sync once the node is ready = %v, %d deletes; want 1", err, len(f.actions("delete")))
+	}
+	// The Job's replacement fails too: the node is not fixed after all.
+	f.add(t, jobPod("report-b", "report", corev1.RestartPolicyNever, true))
+	now = now.Add(2 * time.Second)
+	if wait, err := f.sync(t, "report-b"); err != nil || wait != ownerBackoffBase-2*time.Second || len(f.actions("delete")) != 1 {
+		t.Errorf("sync of the failing replacement = %s, %v, %d deletes; want the owner's backoff (%s)", wait, err, len(f.actions("delete")), ownerBackoffBase-2*time.Second)
+	}
+	if got := value(f.c.metrics.PodsDeferred.WithLabelValues(DeferOwnerBackoff)); got != 1 {
+		t.Errorf("deferred{owner-backoff} = %v, want 1", got)
 	}
 }

@@ -19,12 +19,16 @@ func newRepairCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "repair",
 		Short: "Recreate this node's injected pods whose validator found no redirect (DaemonSet)",
-		Long: `repair watches the pods of its own node. An injected pod whose detour-validator init container exited
-with code 42 (no redirect: the pod started before detour's CNI config was in place) is deleted when its
-controller is one known to recreate it (--recreating-owners: ReplicaSet, StatefulSet, DaemonSet), so the
-controller recreates it with the redirect; any other pod (bare, a Job's, a workflow's) is never deleted,
-it gets an Event and the annotation detour.dev/recreate-required. Terminal pods, and pods whose
-validator is running again, are left alone; the per-owner backoff is saved on the node
+		Long: `repair watches the pods of its own node. An injected pod whose check (the detour-validator init
+container, or the detour-proxy's start) exited with code 42 (no redirect: the pod started before
+detour's CNI config was in place) is deleted when its controller is one known to recreate it
+(--recreating-owners: ReplicaSet, StatefulSet, DaemonSet), so the controller recreates it with the
+redirect. A Job's pod is deleted where the kubelet runs its check again in the same sandbox, where it
+cannot pass (at the proxy's start, or under restartPolicy OnFailure): its Job replaces it, counting one
+failure; a restartPolicy Never pod whose validator init container failed is failed by the kubelet and
+replaced by its Job. Any other pod (bare, a workflow's) is never deleted: it gets an Event and the
+annotation detour.dev/recreate-required. Terminal pods, and pods whose check is running again, are
+left alone; the per-owner backoff is saved on the node
 (detour.dev/repair-backoff) and survives a restart. Repairs wait until the node carries
 detour.dev/cni-ready=true, are rate-limited, and each is recorded as an Event (reason DetourCNIRepair)
 and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
@@ -71,7 +75,7 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 	fl.StringVar(&f.NodeName, "node-name", f.NodeName, "this node's name; only its pods are watched (default $NODE_NAME)")
 	fl.Float64Var(&f.Rate, "rate", f.Rate, "sustained repairs (deletions and annotations) per second")
 	fl.IntVar(&f.Burst, "burst", f.Burst, "repairs allowed at once")
-	fl.StringSliceVar(&f.RecreatingOwners, "recreating-owners", f.RecreatingOwners, "owners (group/Kind) known to recreate a deleted pod: only their failed pods are deleted; every other pod, a Job's included, is annotated detour.dev/recreate-required instead")
+	fl.StringSliceVar(&f.RecreatingOwners, "recreating-owners", f.RecreatingOwners, "owners (group/Kind) known to recreate a deleted pod: their failed pods are deleted; a Job's where its check runs again in the same sandbox; every other pod is annotated detour.dev/recreate-required instead")
 	fl.StringVar(&f.DefaultInject, "default-inject", f.DefaultInject, "the webhook's defaultInject: enabled counts the pods of namespaces without detour.dev/inject as asking for injection (detour_repair_pods{state=\"uninjected\"})")
 	fl.StringSliceVar(&f.ExcludeNamespaces, "exclude-namespaces", f.ExcludeNamespaces, "the webhook's excludeNamespaces: their pods never count as uninjected")
 	fl.StringVar(&f.OwnNamespace, "namespace", os.Getenv("POD_NAMESPACE"), "detour's namespace, excluded like the webhook excludes it (default $POD_NAMESPACE)")

@@ -49,6 +49,11 @@ const (
 	// [2001:db8::fe]:80"). The plugin redirects them ahead of the skip lists, so the validator
 	// passes whenever detour's rules are installed, whatever the pod's skip lists say.
 	ValidatorSentinels = Prefix + "validator-sentinels"
+	// ValidatorCheckPort is the port the proxy UID's connections to a sentinel are redirected
+	// to: only the check at the proxy's start listens there, so outside a check they are
+	// refused, and a proxy forwarding a connection to a sentinel never reaches its own outbound
+	// listener again. A pod injected before this key existed has none.
+	ValidatorCheckPort = Prefix + "validator-check-port"
 	// InitEgressStatus records, for people, what the webhook decided for each init container.
 	// It is informational; the plugin does not read it.
 	InitEgressStatus = Prefix + "init-egress-status"
@@ -63,7 +68,7 @@ const (
 var WebhookKeys = []string{
 	Injected, ProxyUID, ProxyInboundPort, ProxyOutboundPort,
 	RedirectSkipInboundPorts, RedirectSkipOutboundPorts, RedirectSkipOutboundCIDRs,
-	ExemptUIDs, ExemptGIDs, ValidatorSentinels, InitEgressStatus, Validator,
+	ExemptUIDs, ExemptGIDs, ValidatorSentinels, ValidatorCheckPort, InitEgressStatus, Validator,
 }
 
 // RecreateRequired is set by the repair controller on a bare pod whose validator found no

@@ -22,6 +22,9 @@ type Redirect struct {
 	ExemptGIDs        []uint32
 	// Sentinels are the validator's probe destinations.
 	Sentinels []netip.AddrPort
+	// CheckPort is where the proxy UID's connections to the sentinels go (the check at the
+	// proxy's start listens there); 0 on a pod injected before detour wrote it.
+	CheckPort uint16
 }
 
 // IsInjected reports whether annotations carry the webhook's injected marker.
@@ -69,6 +72,14 @@ func ParseRedirect(a map[string]string) (Redirect, error) {
 	if r.Sentinels, err = ParseSentinels(ValidatorSentinels, a[ValidatorSentinels]); err != nil {
 		return r, err
 	}
+	if v, ok := a[ValidatorCheckPort]; ok {
+		if r.CheckPort, err = ParsePort(ValidatorCheckPort, v); err != nil {
+			return r, err
+		}
+		if r.CheckPort == r.OutboundPort || r.CheckPort == r.InboundPort {
+			return r, errorf(ValidatorCheckPort, v, "the check's port must differ from the proxy's inbound and outbound ports (%d, %d)", r.InboundPort, r.OutboundPort)
+		}
+	}
 	return r, nil
 }
 
@@ -108,5 +119,8 @@ func (r Redirect) Annotations() map[string]string {
 	set(ExemptUIDs, FormatIDs(r.ExemptUIDs))
 	set(ExemptGIDs, FormatIDs(r.ExemptGIDs))
 	set(ValidatorSentinels, FormatSentinels(r.Sentinels))
+	if r.CheckPort != 0 {
+		a[ValidatorCheckPort] = strconv.Itoa(int(r.CheckPort))
+	}
 	return a
 }

@@ -50,6 +50,10 @@ type Config struct {
 	// Family. They are redirected ahead of the skip lists, so the validator passes whenever the
 	// rules are installed, whatever the pod's skip lists say.
 	Sentinels []netip.AddrPort
+	// CheckPort is where the proxy UID's connections to the sentinels are redirected: the check
+	// at the proxy's start listens there. 0 (a pod injected before detour wrote
+	// detour.dev/validator-check-port) sends them to OutboundPort, as detour did then.
+	CheckPort uint16
 }
 
 // ConfigFromRedirect is the Config for one family from a pod's webhook-written annotations.
@@ -65,6 +69,7 @@ func ConfigFromRedirect(r annotations.Redirect, f Family) Config {
 		ExemptUIDs:        r.ExemptUIDs,
 		ExemptGIDs:        r.ExemptGIDs,
 		Sentinels:         r.Sentinels,
+		CheckPort:         r.CheckPort,
 	}
 }
 
@@ -96,6 +101,8 @@ func (c Config) validate() error {
 		return errors.New("build rules: the proxy UID must not be 0 (root's traffic would bypass the proxy)")
 	case c.InboundPort == 0 || c.OutboundPort == 0:
 		return fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
+	case c.CheckPort != 0 && (c.CheckPort == c.OutboundPort || c.CheckPort == c.InboundPort):
+		return fmt.Errorf("build rules: the check port %d must differ from the proxy's ports (a proxy forwarding a connection to a sentinel would reach itself again)", c.CheckPort)
 	}
 	return nil
 }
@@ -115,18 +122,21 @@ func Build(c Config) (Ruleset, error) {
 	}
 	add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
 
-	// Outbound: the validator's probe goes to the proxy's port first — before any skip list (a
-	// skip list that covers it, port 80 or 0.0.0.0/0, must not make the validator fail for
-	// ever) and before the proxy's own exemption (the check folded into the proxy's start runs
-	// as the proxy's UID; nothing else dials the sentinel, an address no network routes). Then
-	// the proxy and the exempt identities go out directly, as does anything to loopback, a
+	// Outbound: the validator's probes first, ahead of every RETURN (a skip list that covers
+	// them, port 80 or 0.0.0.0/0, must not make the validator fail for ever). The proxy UID's
+	// go to the check port, where only the check at the proxy's start listens: outside a check
+	// they are refused, so a proxy that forwards an app's connection to a sentinel never
+	// reaches its own outbound listener again (which would loop until the pod ran out of
+	// sockets). Everybody else's — the validator init container's — go to the outbound port.
+	// Then the proxy and the exempt identities go out directly, as does anything to loopback, a
 	// skipped network or a skipped port; everything else goes to the proxy.
-	for _, s := range c.Sentinels {
-		if s.Addr().Unmap().Is4() == (c.Family == IPv4) {
-			dst := netip.PrefixFrom(s.Addr().Unmap(), s.Addr().Unmap().BitLen())
-			add(OutboundChain, "-d "+dst.String()+" -p tcp -m multiport --dports "+strconv.Itoa(int(s.Port()))+
-				comment("validator-sentinel")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
+	for _, s := range c.sentinels() {
+		dst := "-d " + netip.PrefixFrom(s.Addr(), s.Addr().BitLen()).String() + " -p tcp"
+		dport := " -m multiport --dports " + strconv.Itoa(int(s.Port()))
+		if c.CheckPort != 0 {
+			add(OutboundChain, dst+" -m owner --uid-owner "+id(c.ProxyUID)+dport+comment("validator-check")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.CheckPort)))
 		}
+		add(OutboundChain, dst+dport+comment("validator-sentinel")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
 	}
 	add(OutboundChain, "-m owner --uid-owner "+id(c.ProxyUID)+comment("proxy-uid")+" -j RETURN")
 	for _, uid := range c.ExemptUIDs {
@@ -146,6 +156,17 @@ func Build(c Config) (Ruleset, error) {
 	}
 	add(OutboundChain, "-p tcp"+comment("redirect-outbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.OutboundPort)))
 	return rs, nil
+}
+
+// sentinels are c's sentinels of c.Family, unmapped.
+func (c Config) sentinels() []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range c.Sentinels {
+		if a := s.Addr().Unmap(); a.Is4() == (c.Family == IPv4) {
+			out = append(out, netip.AddrPortFrom(a, s.Port()))
+		}
+	}
+	return out
 }
 
 // destination is the "-d" match of p as iptables-save prints it: none for a /0 network, which

@@ -42,7 +42,15 @@ func fullConfig(f Family) Config {
 		ExemptUIDs:        []uint32{1000, 1001},
 		ExemptGIDs:        []uint32{2601},
 		Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80"), netip.MustParseAddrPort("[2001:db8::fe]:80")},
+		CheckPort:         4142,
 	}
+}
+
+// beforeCheckPort is c as the annotations of a pod injected before detour wrote
+// detour.dev/validator-check-port give it.
+func beforeCheckPort(c Config) Config {
+	c.CheckPort = 0
+	return c
 }
 
 func TestBuildGolden(t *testing.T) {
@@ -53,6 +61,9 @@ func TestBuildGolden(t *testing.T) {
 		{"minimal-ipv4", Config{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}},
 		{"full-ipv4", fullConfig(IPv4)},
 		{"full-ipv6", fullConfig(IPv6)},
+		// A pod injected before the check port: the rules of the release that injected it, byte
+		// for byte (the golden file is that release's full-ipv4.golden).
+		{"full-ipv4-no-check-port", beforeCheckPort(fullConfig(IPv4))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := Build(tc.cfg)
@@ -69,6 +80,8 @@ func TestBuildRejects(t *testing.T) {
 		{ProxyUID: 0, InboundPort: 1, OutboundPort: 2},
 		{ProxyUID: 1, InboundPort: 0, OutboundPort: 2},
 		{ProxyUID: 1, InboundPort: 1, OutboundPort: 0},
+		{ProxyUID: 1, InboundPort: 1, OutboundPort: 2, CheckPort: 2},
+		{ProxyUID: 1, InboundPort: 1, OutboundPort: 2, CheckPort: 1},
 	} {
 		if _, err := Build(c); err == nil {
 			t.Errorf("Build(%+v) succeeded; want an error", c)
@@ -206,6 +219,7 @@ func TestBuildNFTGolden(t *testing.T) {
 	}{
 		{"nftables-minimal-ipv4", []Config{{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}}},
 		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
+		{"nftables-full-dual-no-check-port", []Config{beforeCheckPort(fullConfig(IPv4)), beforeCheckPort(fullConfig(IPv6))}},
 		{"nftables-skip-all", []Config{{
 			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
 			SkipOutboundPorts: ports("80"),

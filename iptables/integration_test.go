@@ -13,7 +13,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MainWithChildren(m, map[string]func([]string) int{"userns-dialer": usernsDialer})
+	testenv.MainWithChildren(m, map[string]func([]string) int{"userns-dialer": usernsDialer, "forwarder": forwarder})
 }
 
 // Identities of the test pod.
@@ -58,6 +58,7 @@ func newTopology(t *testing.T, f iptables.Family) *topology {
 	testenv.Serve(t, tp.pod, "outbound", network, at(":4140"))
 	testenv.Serve(t, tp.pod, "inbound", network, at(":4143"))
 	testenv.Serve(t, tp.pod, "admin", network, at(":4191"))
+	testenv.Serve(t, tp.pod, "check", network, at(":4142"))
 	testenv.Serve(t, tp.pod, "app", network, at(":8081"))
 	testenv.Serve(t, tp.remote, "remote", network, at(":8080"))
 	testenv.Serve(t, tp.remote, "remote", network, at(":25"))
@@ -87,6 +88,7 @@ func (tp *topology) config(t *testing.T) iptables.Config {
 		ProxyUID:          proxy.UID,
 		InboundPort:       4143,
 		OutboundPort:      4140,
+		CheckPort:         4142,
 		SkipInboundPorts:  []annotations.PortRange{{First: 4190, Last: 4191}},
 		SkipOutboundPorts: []annotations.PortRange{{First: 25, Last: 25}},
 		SkipOutboundCIDRs: cidrs,
@@ -368,7 +370,7 @@ func TestIntegrationSentinelRedirectedWhateverTheSkipLists(t *testing.T) {
 }
 
 // The check folded into the proxy's start (issue 21) runs as the proxy's UID: its probe to the
-// sentinel must be redirected, and nothing else of the proxy's own egress may change — it goes
+// sentinel must be redirected, to the check port (issue 32), and nothing else of the proxy's own egress may change — it goes
 // out directly to every other destination, skipped ports and networks included, on every
 // backend and family. The app stays captured and the exempt identities go out directly.
 func TestIntegrationProxyProbesTheSentinel(t *testing.T) {
@@ -395,8 +397,8 @@ func TestIntegrationProxyProbesTheSentinel(t *testing.T) {
 				}
 				t.Cleanup(func() { exec.Remove(ctx, tp.pod.Path, family) })
 
-				// The proxy's probe comes back to the proxy's outbound port.
-				expect(t, tp.pod, proxy, sentinel, "outbound "+sentinel.String())
+				// The proxy's probe comes back to the check port, the validator's own.
+				expect(t, tp.pod, proxy, sentinel, "check "+sentinel.String())
 				// Everything else the proxy dials goes out directly, as before.
 				remote := netip.AddrPortFrom(tp.remoteIP, 8080)
 				smtp := netip.AddrPortFrom(tp.remoteIP, 25)

@@ -112,12 +112,14 @@ func nftFamilyChains(c Config) (in, out NFTChain) {
 	}
 	add(&in, "redirect-inbound", l4tcp(), redirect(c.InboundPort))
 
-	// The same order as Build's (see there): the sentinels first.
-	for _, s := range c.Sentinels {
-		a := s.Addr().Unmap()
-		if a.Is4() == (c.Family == IPv4) {
-			add(&out, "validator-sentinel", daddr(netip.PrefixFrom(a, a.BitLen())), l4tcp(), dport(s.Port(), s.Port()), redirect(c.OutboundPort))
+	// The same order as Build's (see there): the sentinels first, the proxy UID's to the check
+	// port.
+	for _, s := range c.sentinels() {
+		dst := daddr(netip.PrefixFrom(s.Addr(), s.Addr().BitLen()))
+		if c.CheckPort != 0 {
+			add(&out, "validator-check", dst, l4tcp(), dport(s.Port(), s.Port()), owner(expr.MetaKeySKUID, c.ProxyUID), redirect(c.CheckPort))
 		}
+		add(&out, "validator-sentinel", dst, l4tcp(), dport(s.Port(), s.Port()), redirect(c.OutboundPort))
 	}
 	add(&out, "proxy-uid", owner(expr.MetaKeySKUID, c.ProxyUID), verdict(expr.VerdictReturn))
 	for _, uid := range c.ExemptUIDs {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -198,20 +199,29 @@ func nftDiff(want, have NFTRuleset) error {
 		if h.Hook != nil {
 			return fmt.Errorf("%s: chain %s is a base chain (%s), expected a regular one", where, w.Name, baseChainText(h.Type, h.Hook, h.Priority))
 		}
-		wantRules, haveRules := ruleTexts(w.Rules), ruleTexts(h.Rules)
-		for i := range max(len(wantRules), len(haveRules)) {
-			switch {
-			case i < len(haveRules) && i < len(wantRules) && wantRules[i] == haveRules[i]:
-			case i < len(wantRules) && (i >= len(haveRules) || !slices.Contains(haveRules, wantRules[i])):
-				return fmt.Errorf("%s: chain %s lacks rule %d, %q", where, w.Name, i+1, wantRules[i])
-			case i >= len(wantRules) || !slices.Contains(wantRules, haveRules[i]):
-				return fmt.Errorf("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, haveRules[i])
-			default:
-				return fmt.Errorf("%s: chain %s rule %d is %q, expected %q (rules out of order)", where, w.Name, i+1, haveRules[i], wantRules[i])
-			}
+		if msg := compareChain(w.Name, nftChainRules(w.Rules), nftChainRules(h.Rules)); msg != "" {
+			return fmt.Errorf("%s: %s", where, msg)
 		}
 	}
 	return nil
+}
+
+// nftChainRules are rules as compareChain sees them: their text (comment included), and their
+// last statement as the verdict.
+func nftChainRules(rules []NFTRule) []chainRule {
+	out := make([]chainRule, len(rules))
+	for i, r := range rules {
+		out[i] = chainRule{text: r.String(), verdict: r.String()}
+		if n := len(r.Exprs); n > 0 {
+			switch r.Exprs[n-1].(type) {
+			case *expr.Verdict:
+				out[i].verdict = exprsText(r.Exprs[n-1:])
+			case *expr.Redir: // with the immediate that loads its port
+				out[i].verdict = exprsText(r.Exprs[max(n-2, 0):])
+			}
+		}
+	}
+	return out
 }
 
 // nftDiffBase compares a base chain: want's jumps must be there once each, and every other rule

@@ -47,19 +47,29 @@ func TestNFTDiff(t *testing.T) {
 		}, "chain outbound_ipv6 is missing"},
 		{"missing rule", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "outbound_ipv4")
-			c.Rules = slices.Delete(c.Rules, 3, 4)
+			c.Rules = slices.Delete(c.Rules, 4, 5)
 			return h
-		}, `chain outbound_ipv4 lacks rule 4, "meta skuid 1001 return comment \"detour/exempt-uid\""`},
+		}, `chain outbound_ipv4 lacks rule 5, "meta skuid 1001 return comment \"detour/exempt-uid\""`},
 		{"unexpected rule", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "inbound_ipv6")
-			c.Rules = append(c.Rules, chain(h, "outbound_ipv6").Rules[1])
+			c.Rules = append(c.Rules, chain(h, "outbound_ipv6").Rules[2])
 			return h
 		}, `chain inbound_ipv6 has an unexpected rule 3, "meta skuid 2102 return comment \"detour/proxy-uid\""`},
 		{"out of order", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "outbound_ipv4")
-			c.Rules[1], c.Rules[2] = c.Rules[2], c.Rules[1]
+			c.Rules[1], c.Rules[2] = c.Rules[2], c.Rules[1] // the proxy's RETURN before the sentinel's redirect
 			return h
 		}, "(rules out of order)"},
+		{"RETURNs in another order", want, func(h NFTRuleset) NFTRuleset {
+			c := chain(h, "outbound_ipv4")
+			c.Rules[2], c.Rules[4] = c.Rules[4], c.Rules[2] // the proxy's and an exempt UID's
+			return h
+		}, ""},
+		{"check redirect missing", want, func(h NFTRuleset) NFTRuleset {
+			c := chain(h, "outbound_ipv6")
+			c.Rules = c.Rules[1:]
+			return h
+		}, `chain outbound_ipv6 lacks rule 1, "ip6 daddr 2001:db8::fe tcp dport 80 meta skuid 2102 redirect to :4142 comment \"detour/validator-check\""`},
 		{"jump twice", want, func(h NFTRuleset) NFTRuleset {
 			c := chain(h, "output")
 			c.Rules = append(c.Rules, c.Rules[0])

@@ -3,6 +3,7 @@ package iptables
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -123,7 +124,8 @@ func installedRemoveInput() string {
 }
 
 // diff compares the live table with rs and describes the first difference in words, or returns
-// nil when the table holds exactly rs's hooks (once each) and chain rules (in order).
+// nil when the table holds rs's hooks (once each) and chain rules that do what rs's do (see
+// compareChain).
 func diff(rs Ruleset, t table) error {
 	fam := rs.Family.String()
 	for _, h := range rs.Hooks {
@@ -138,21 +140,112 @@ func diff(rs Ruleset, t table) error {
 		if !t.chains[chain] {
 			return fmt.Errorf("%s nat table: chain %s is missing", fam, chain)
 		}
-		want := rulesOf(rs.Rules, chain)
-		have := rulesOf(t.rules, chain)
-		for i := range max(len(want), len(have)) {
-			switch {
-			case i < len(have) && i < len(want) && want[i] == have[i]:
-			case i < len(want) && (i >= len(have) || !slices.Contains(have, want[i])):
-				return fmt.Errorf("%s nat table: chain %s lacks rule %d, %q", fam, chain, i+1, want[i].String())
-			case i >= len(want) || !slices.Contains(want, have[i]):
-				return fmt.Errorf("%s nat table: chain %s has an unexpected rule %d, %q", fam, chain, i+1, have[i].String())
-			default:
-				return fmt.Errorf("%s nat table: chain %s rule %d is %q, expected %q (rules out of order)", fam, chain, i+1, have[i].String(), want[i].String())
-			}
+		if msg := compareChain(chain, chainRules(rulesOf(rs.Rules, chain)), chainRules(rulesOf(t.rules, chain))); msg != "" {
+			return fmt.Errorf("%s nat table: %s", fam, msg)
 		}
 	}
 	return nil
+}
+
+// chainRules are rules as compareChain sees them: their text, and their target as the verdict.
+func chainRules(rules []Rule) []chainRule {
+	out := make([]chainRule, len(rules))
+	for i, r := range rules {
+		out[i] = chainRule{text: r.String(), verdict: r.Spec}
+		if j := strings.LastIndex(" "+r.Spec, " -j "); j >= 0 {
+			out[i].verdict = r.Spec[j:]
+		}
+	}
+	return out
+}
+
+// chainRule is one rule of a chain as CHECK compares it: its text, and what it does to a packet
+// it matches (its verdict: RETURN, a REDIRECT to a port).
+type chainRule struct{ text, verdict string }
+
+// compareChain compares the live rules of a chain with the wanted ones by what they do, not by
+// one release's byte order: first match wins, so rules that end in the same verdict may come in
+// any order among themselves as long as no rule with another verdict stands between them. The
+// rules are cut into runs of one verdict; the runs must follow each other in the same order,
+// each holding the same rules (as a multiset). A pod whose rules an older detour installed in
+// another order of its exemptions or skip lists thus passes CHECK after an upgrade; where an
+// order does change what a packet meets (a sentinel redirect before or after a RETURN), the
+// ruleset for that pod is built as it was (Build reads what the pod's annotations ask for).
+// It returns the first difference in words, "" when there is none.
+func compareChain(chain string, want, have []chainRule) string {
+	wantRuns, haveRuns := runs(want), runs(have)
+	pos := 0 // index in want and have of the current runs' first rules
+	for i := range max(len(wantRuns), len(haveRuns)) {
+		var w, h []chainRule
+		if i < len(wantRuns) {
+			w = wantRuns[i]
+		}
+		if i < len(haveRuns) {
+			h = haveRuns[i]
+		}
+		if sameRules(w, h) {
+			pos += len(w)
+			continue
+		}
+		for k, r := range w {
+			if countText(h, r.text) < countText(w, r.text) && countText(have, r.text) < countText(want, r.text) {
+				return fmt.Sprintf("chain %s lacks rule %d, %q", chain, pos+k+1, r.text)
+			}
+		}
+		for k, r := range h {
+			if countText(have[:pos+k+1], r.text) > countText(want, r.text) {
+				return fmt.Sprintf("chain %s has an unexpected rule %d, %q", chain, pos+k+1, r.text)
+			}
+		}
+		for k := pos; ; k++ {
+			if k >= len(have) || k >= len(want) || have[k].text != want[k].text {
+				got, expected := "nothing", "nothing"
+				if k < len(have) {
+					got = strconv.Quote(have[k].text)
+				}
+				if k < len(want) {
+					expected = strconv.Quote(want[k].text)
+				}
+				return fmt.Sprintf("chain %s rule %d is %s, expected %s (rules out of order)", chain, k+1, got, expected)
+			}
+		}
+	}
+	return ""
+}
+
+// runs cuts rules into maximal runs of one verdict.
+func runs(rules []chainRule) [][]chainRule {
+	var out [][]chainRule
+	for i, r := range rules {
+		if i == 0 || r.verdict != rules[i-1].verdict {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], r)
+	}
+	return out
+}
+
+// sameRules reports whether two runs hold the same rules, in any order, with one verdict.
+func sameRules(a, b []chainRule) bool {
+	if len(a) != len(b) || len(a) > 0 && a[0].verdict != b[0].verdict {
+		return false
+	}
+	for _, r := range a {
+		if countText(a, r.text) != countText(b, r.text) {
+			return false
+		}
+	}
+	return true
+}
+
+func countText(rules []chainRule, text string) int {
+	n := 0
+	for _, r := range rules {
+		if r.text == text {
+			n++
+		}
+	}
+	return n
 }
 
 func rulesOf(rules []Rule, chain string) []Rule {

@@ -1,6 +1,8 @@
 package iptables
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -94,7 +96,7 @@ func TestDiff(t *testing.T) {
 		want  string
 	}{
 		{"deleted rule", strings.Replace(saved, exempt+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 4, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`},
+			`chain DETOUR_OUTBOUND lacks rule 5, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`},
 		{"swapped rules", strings.Replace(strings.Replace(saved, exempt+"\n", "", 1), "COMMIT\n# Completed", exempt+"\nCOMMIT\n# Completed", 1),
 			"(rules out of order)"},
 		{"extra rule", strings.Replace(saved, "COMMIT\n# Completed", "-A DETOUR_INBOUND -j RETURN\nCOMMIT\n# Completed", 1),
@@ -106,7 +108,13 @@ func TestDiff(t *testing.T) {
 		{"missing chain", "*nat\n" + rs.Hooks[0].String() + "\n" + rs.Hooks[1].String() + "\nCOMMIT\n",
 			"chain DETOUR_INBOUND is missing"},
 		{"last rule missing", strings.Replace(saved, rs.Rules[len(rs.Rules)-1].String()+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 11, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`},
+			`chain DETOUR_OUTBOUND lacks rule 12, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`},
+		{"the proxy's RETURN before its check redirect", moveBefore(saved, rs.Rules[4], rs.Rules[2]),
+			"(rules out of order)"},
+		{"the check redirect missing", strings.Replace(saved, rs.Rules[2].String()+"\n", "", 1),
+			`chain DETOUR_OUTBOUND lacks rule 1, "-A DETOUR_OUTBOUND -d 203.0.113.254/32 -p tcp -m owner --uid-owner 2102 -m multiport --dports 80 -m comment --comment \"detour/validator-check\" -j REDIRECT --to-ports 4142"`},
+		{"the redirect duplicated", strings.Replace(saved, "COMMIT\n# Completed", rs.Rules[len(rs.Rules)-1].String()+"\nCOMMIT\n# Completed", 1),
+			`chain DETOUR_OUTBOUND has an unexpected rule 13`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := diff(rs, parseSave(tc.saved))
@@ -114,6 +122,60 @@ func TestDiff(t *testing.T) {
 				t.Fatalf("diff = %v, want an error containing %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// moveBefore is saved with rule r moved just before rule before.
+func moveBefore(saved string, r, before Rule) string {
+	saved = strings.Replace(saved, r.String()+"\n", "", 1)
+	return strings.Replace(saved, before.String()+"\n", r.String()+"\n"+before.String()+"\n", 1)
+}
+
+// CHECK compares what the rules do, not one release's byte order: the exemptions and skip lists
+// (all RETURNs) in another order, as a detour that built them in another order installed them,
+// do the same, and pass.
+func TestDiffAcceptsReorderedNeighboursOfOneVerdict(t *testing.T) {
+	rs := mustBuild(t, fullConfig(IPv4))
+	saved := savedWith(rs)
+	var returns []Rule
+	for _, r := range rs.Rules {
+		if r.Chain == OutboundChain && strings.HasSuffix(r.Spec, "-j RETURN") {
+			returns = append(returns, r)
+		}
+	}
+	if len(returns) < 4 {
+		t.Fatalf("fullConfig has %d RETURNs in %s", len(returns), OutboundChain)
+	}
+	reordered := moveBefore(saved, returns[len(returns)-1], returns[0]) // the last skip list first
+	reordered = moveBefore(reordered, returns[2], returns[1])           // the exemptions swapped
+	if reordered == saved {
+		t.Fatal("the reordering changed nothing")
+	}
+	if err := diff(rs, parseSave(reordered)); err != nil {
+		t.Errorf("diff of the same rules in another order of their RETURNs: %v", err)
+	}
+	// The two sentinel redirects go to different ports: swapping them changes what the proxy's
+	// check meets.
+	if err := diff(rs, parseSave(moveBefore(saved, rs.Rules[3], rs.Rules[2]))); err == nil || !strings.Contains(err.Error(), "out of order") {
+		t.Errorf("diff with the sentinel's redirects swapped = %v, want rules out of order", err)
+	}
+}
+
+// A pod injected before detour wrote detour.dev/validator-check-port has the rules of the
+// release that injected it (testdata/full-ipv4-no-check-port.golden, that release's golden
+// file): after an upgrade, CHECK of that pod builds its rules from its annotations and passes;
+// the rules of a new pod would not pass for it, nor its rules for a new pod.
+func TestDiffPodFromBeforeTheCheckPort(t *testing.T) {
+	old, err := os.ReadFile(filepath.Join("testdata", "full-ipv4-no-check-port.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed := parseSave(string(old))
+	if err := diff(mustBuild(t, beforeCheckPort(fullConfig(IPv4))), installed); err != nil {
+		t.Errorf("CHECK of a pod from before the check port: %v", err)
+	}
+	if err := diff(mustBuild(t, fullConfig(IPv4)), installed); err == nil {
+		t.Error("CHECK of the old rules against a new pod's passed; want the check redirect missing")
 	}
 }
 

@@ -54,18 +54,33 @@ func TestInjectGolden(t *testing.T) {
 	for _, tc := range []struct {
 		file   string
 		native bool
+		// config is a configuration file of testdata/workloads/config, its name added to
+		// the golden files'.
+		config string
 	}{
-		{"demo.yaml", true},
-		{"pod-basic.yaml", true},
-		{"deployment-mixed.yaml", false},
-		{"statefulset-pod-defaults.yaml", false},
-		{"job-native.yaml", true},
-		{"cronjob-subset.yaml", false},
-		{"list.yaml", false},
-		{"multi.yaml", false},
+		{"demo.yaml", true, ""},
+		{"pod-basic.yaml", true, ""},
+		{"deployment-mixed.yaml", false, ""},
+		{"statefulset-pod-defaults.yaml", false, ""},
+		{"job-native.yaml", true, ""},
+		{"cronjob-subset.yaml", false, ""},
+		{"list.yaml", false, ""},
+		{"multi.yaml", false, ""},
+		// The check in the proxy's start: the image volume and the node selector are written
+		// too (issue 32, item 3b), in a Pod and in templates.
+		{"pod-basic.yaml", true, "image-volume"},
+		{"job-native.yaml", true, "image-volume"},
+		{"list.yaml", true, "image-volume"},
 	} {
-		t.Run(tc.file, func(t *testing.T) {
+		name := strings.TrimSuffix(tc.file, ".yaml")
+		if tc.config != "" {
+			name += "-" + tc.config
+		}
+		t.Run(name, func(t *testing.T) {
 			args := append([]string{"inject", "-f", filepath.Join(workloads, tc.file)}, goldenInjectArgs...)
+			if tc.config != "" {
+				args = append(args, "--config="+filepath.Join(workloads, "config", tc.config+".yaml"))
+			}
 			if !tc.native {
 				args = append(args, "--native-sidecars=false")
 			}
@@ -73,7 +88,7 @@ func TestInjectGolden(t *testing.T) {
 			if err != nil {
 				t.Fatalf("detour %s: %v\n%s", strings.Join(args, " "), err, errOut)
 			}
-			base := strings.TrimSuffix(tc.file, ".yaml")
+			base := name
 			golden(t, base+".yaml", out)
 			golden(t, base+".stderr", errOut)
 

@@ -10,9 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
 
-	jsonpatch "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	yamlutil "k8s.io/apimachinery/pkg/util/yaml"
@@ -135,6 +135,11 @@ func decodeDocument(doc []byte) (map[string]any, error) {
 	if t := bytes.TrimSpace(j); len(t) == 0 || bytes.Equal(t, []byte("null")) {
 		return nil, nil
 	}
+	return decodeJSON(j)
+}
+
+// decodeJSON decodes a JSON object into a generic one, numbers kept exact.
+func decodeJSON(j []byte) (map[string]any, error) {
 	var v any
 	d := json.NewDecoder(bytes.NewReader(j))
 	d.UseNumber()
@@ -268,103 +273,151 @@ func injectTemplate(template map[string]any, namespace string, o InjectOptions) 
 		// instead of skipping it (and removing detour's containers) in a namespace that is not.
 		pod.Annotations[annotations.Inject] = string(annotations.InjectEnabled)
 	}
-	meta, _ := template["metadata"].(map[string]any)
-	if meta == nil {
-		meta = map[string]any{}
-		template["metadata"] = meta
+	// Every field the mutation changed is written back, and nothing else: the change from the
+	// decoded pod to the mutated one is applied to the template as written, so that fields the
+	// typed Pod does not know and the author's own forms (quantities, omitted defaults) survive.
+	before, err := generic(orig)
+	if err != nil {
+		return false, res, err
 	}
-	ann := map[string]any{}
-	for k, v := range pod.Annotations {
-		ann[k] = v
+	after, err := generic(pod)
+	if err != nil {
+		return false, res, err
 	}
-	meta["annotations"] = ann
-	spec, _ := template["spec"].(map[string]any)
-	if spec == nil {
-		spec = map[string]any{}
-		template["spec"] = spec
+	rewritten, _ := rewrite(template, before, after).(map[string]any)
+	if rewritten == nil {
+		return false, res, errors.New("the mutated pod is not an object; report this as a bug")
 	}
-	for _, l := range []struct {
-		key         string
-		orig, after []corev1.Container
-	}{
-		{"initContainers", orig.Spec.InitContainers, pod.Spec.InitContainers},
-		{"containers", orig.Spec.Containers, pod.Spec.Containers},
-	} {
-		raw, _ := spec[l.key].([]any)
-		merged, err := mergeContainers(raw, l.orig, l.after)
-		if err != nil {
-			return false, res, fmt.Errorf("write %s: %w", l.key, err)
+	for k := range template {
+		if _, ok := rewritten[k]; !ok {
+			delete(template, k)
 		}
-		if merged != nil {
-			spec[l.key] = merged
-		} else {
-			delete(spec, l.key)
-		}
+	}
+	for k, v := range rewritten {
+		template[k] = v
 	}
 	// The rewritten template must hold exactly the mutated pod.
 	check, err := podOf(template)
-	if err != nil || !equality.Semantic.DeepEqual(check.Spec, pod.Spec) || !equality.Semantic.DeepEqual(check.Annotations, pod.Annotations) {
+	if err != nil || !equality.Semantic.DeepEqual(check.ObjectMeta, pod.ObjectMeta) || !equality.Semantic.DeepEqual(check.Spec, pod.Spec) {
 		return false, res, fmt.Errorf("the rewritten pod differs from the mutation (%v); report this as a bug", err)
 	}
 	return true, res, nil
 }
 
-// mergeContainers writes the mutated list of containers: containers the mutation left alone
-// keep their original form, changed ones get the change as a JSON merge patch, new ones
-// (detour's) are written whole.
-func mergeContainers(raw []any, orig, after []corev1.Container) ([]any, error) {
-	if len(raw) != len(orig) {
-		return nil, fmt.Errorf("%d containers decoded from %d", len(orig), len(raw))
+// generic is the JSON form of v as a generic value, numbers kept exact (as decodeDocument
+// reads a document).
+func generic(v any) (map[string]any, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
 	}
-	index := map[string]int{}
-	for i, c := range orig {
-		index[c.Name] = i
+	return decodeJSON(b)
+}
+
+// rewrite returns raw (a value as written in the manifest) changed as before (raw decoded
+// into the typed pod and encoded again) became after (the mutated pod, encoded): a value the
+// mutation left alone keeps its written form; in an object, each member is rewritten in turn,
+// members the mutation removed are removed and members it added are written whole; in a list
+// of named objects (containers, volumes, ports, env) each element is matched by name, and a
+// list of the same length element by element; anything else is after's value.
+func rewrite(raw, before, after any) any {
+	if reflect.DeepEqual(before, after) {
+		return raw
 	}
-	var out []any
-	for _, c := range after {
-		b, err := json.Marshal(c)
-		if err != nil {
-			return nil, err
+	switch b := after.(type) {
+	case map[string]any:
+		a, _ := before.(map[string]any)
+		r, _ := raw.(map[string]any)
+		out := make(map[string]any, len(r)+len(b))
+		for k, v := range r {
+			out[k] = v
 		}
-		i, ok := index[c.Name]
-		if !ok {
-			m, err := decodeDocument(b)
-			if err != nil {
-				return nil, err
+		for k := range a {
+			if _, ok := b[k]; !ok {
+				delete(out, k)
 			}
-			if r, ok := m["resources"].(map[string]any); ok && len(r) == 0 {
-				delete(m, "resources")
+		}
+		for k, bv := range b {
+			av, ok := a[k]
+			switch {
+			case ok && reflect.DeepEqual(av, bv):
+				// Unchanged: as written, or absent where the manifest omits it.
+			case ok:
+				out[k] = rewrite(r[k], av, bv)
+			default:
+				out[k] = added(bv)
 			}
-			out = append(out, m)
-			continue
 		}
-		a, err := json.Marshal(orig[i])
-		if err != nil {
-			return nil, err
+		return out
+	case []any:
+		a, _ := before.([]any)
+		r, _ := raw.([]any)
+		if len(r) != len(a) {
+			return added(b)
 		}
-		if bytes.Equal(a, b) {
-			out = append(out, raw[i])
-			continue
+		if index, ok := byName(a); ok {
+			if _, ok := byName(b); ok {
+				out := make([]any, len(b))
+				for i, bv := range b {
+					if j, ok := index[name(bv)]; ok {
+						out[i] = rewrite(r[j], a[j], bv)
+					} else {
+						out[i] = added(bv)
+					}
+				}
+				return out
+			}
 		}
-		patch, err := jsonpatch.CreateMergePatch(a, b)
-		if err != nil {
-			return nil, err
+		if len(a) == len(b) {
+			out := make([]any, len(b))
+			for i := range b {
+				out[i] = rewrite(r[i], a[i], b[i])
+			}
+			return out
 		}
-		r, err := json.Marshal(raw[i])
-		if err != nil {
-			return nil, err
-		}
-		merged, err := jsonpatch.MergePatch(r, patch)
-		if err != nil {
-			return nil, err
-		}
-		m, err := decodeDocument(merged)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, m)
+		return added(b)
 	}
-	return out, nil
+	return after
+}
+
+// added is a value the mutation added, as written: without the empty resources that encoding
+// a container gives (the manifest's own containers omit it too).
+func added(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		if r, ok := v["resources"].(map[string]any); ok && len(r) == 0 {
+			delete(v, "resources")
+		}
+		for k, e := range v {
+			v[k] = added(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = added(e)
+		}
+	}
+	return v
+}
+
+// name is the name member of a list element, or "".
+func name(v any) string {
+	m, _ := v.(map[string]any)
+	s, _ := m["name"].(string)
+	return s
+}
+
+// byName indexes the elements of list by their names; ok is false unless every element is an
+// object with a name of its own.
+func byName(list []any) (map[string]int, bool) {
+	index := make(map[string]int, len(list))
+	for i, v := range list {
+		n := name(v)
+		if _, dup := index[n]; n == "" || dup {
+			return nil, false
+		}
+		index[n] = i
+	}
+	return index, true
 }
 
 // unknownTemplate returns the path of what looks like a pod template (an object with

@@ -84,7 +84,7 @@ func RecordAdd(dir, result string, d time.Duration) error {
 		return err
 	}
 	defer f.Close()
-	if err := lockWithin(f, statsLockWait); err != nil {
+	if err := lockWithin(f, syscall.LOCK_EX, statsLockWait); err != nil {
 		return err
 	}
 	defer syscall.Flock(int(f.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing unlocks too
@@ -109,14 +109,15 @@ func RecordAdd(dir, result string, d time.Duration) error {
 }
 
 // statsLockWait bounds how long an ADD waits for the stats file: counting must never hold up a
-// pod's sandbox, so past it the ADD goes uncounted.
+// pod's sandbox, so past it the ADD goes uncounted. A reader (the node agent's scrape) waits no
+// longer either: past it the read fails.
 const statsLockWait = time.Second
 
-// lockWithin takes f's exclusive lock, trying for at most wait.
-func lockWithin(f *os.File, wait time.Duration) error {
+// lockWithin takes f's lock of kind how (syscall.LOCK_EX or LOCK_SH), trying for at most wait.
+func lockWithin(f *os.File, how int, wait time.Duration) error {
 	deadline := time.Now().Add(wait)
 	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		err := syscall.Flock(int(f.Fd()), how|syscall.LOCK_NB)
 		if err == nil || !errors.Is(err, syscall.EWOULDBLOCK) {
 			return err
 		}
@@ -127,7 +128,8 @@ func lockWithin(f *os.File, wait time.Duration) error {
 	}
 }
 
-// ReadAddStats reads the stats file at path under a shared lock. A missing file is no ADD yet.
+// ReadAddStats reads the stats file at path under a shared lock, waiting for it as long as an
+// ADD waits for its own (statsLockWait). A missing file is no ADD yet.
 func ReadAddStats(path string) (AddStats, error) {
 	var s AddStats
 	f, err := os.Open(path)
@@ -138,7 +140,7 @@ func ReadAddStats(path string) (AddStats, error) {
 		return s, err
 	}
 	defer f.Close()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH); err != nil {
+	if err := lockWithin(f, syscall.LOCK_SH, statsLockWait); err != nil {
 		return s, err
 	}
 	data, err := io.ReadAll(f)

@@ -172,8 +172,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	stats, err := cniplugin.ReadAddStats(c.statsFile)
 	if err != nil {
+		// No series rather than zeros: zeros would read as a counter reset, and the next good
+		// read as a burst of ADDs.
 		c.statsFails.Inc()
-		c.a.log.Warn("cannot read the plugin's ADD counts", "err", err)
+		c.a.log.Warn("cannot read the plugin's ADD counts; leaving them out of this scrape", "err", err)
+		ch <- c.statsFails
+		return
 	}
 	ch <- c.statsFails
 	for _, result := range cniplugin.AddResults {
@@ -201,7 +205,7 @@ func boolValue(b bool) float64 {
 // that file (the plugin's state directory, cniplugin.StatsFileName).
 func (a *Agent) Register(reg prometheus.Registerer, statsFile string) error {
 	c := &collector{a: a, statsFile: statsFile, statsFails: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "detour_cni_add_stats_read_errors_total", Help: "Scrapes at which the node agent could not read the plugin's ADD counts.",
+		Name: "detour_cni_add_stats_read_errors_total", Help: "Scrapes at which the node agent could not read the plugin's ADD counts (unreadable, unparsable, or locked for more than a second): detour_cni_add_duration_seconds is left out of those scrapes.",
 	})}
 	for _, m := range []prometheus.Collector{c, a.metrics.reconcileErrors, a.metrics.primaryRewrites, a.metrics.tokenFailures} {
 		if err := reg.Register(m); err != nil {

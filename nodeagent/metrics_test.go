@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -189,6 +190,52 @@ func TestAgentMetricsPluginAdds(t *testing.T) {
 
 	writeFile(t, stats, "not json")
 	wantMetric(t, reg, "detour_cni_add_stats_read_errors_total", nil, 1)
+	wantMetric(t, reg, "detour_node_ready", nil, 0)
+	// Issue 32.5: a failed read exposes no ADD series at all. Zeros would be a counter reset
+	// for Prometheus, and the next good read a spike in rate().
+	if v, ok := metricValue(t, reg, "detour_cni_add_duration_seconds", nil); ok {
+		t.Errorf("detour_cni_add_duration_seconds = %v after a failed read; want no series", v)
+	}
+}
+
+// Issue 32.5: a scrape waits for the plugin's lock on the stats file no longer than the plugin
+// waits for the agent's (cniplugin's bound): a lock held too long counts as a failed read, and
+// the rest of the scrape is served.
+func TestAgentMetricsPluginAddsLockHeld(t *testing.T) {
+	e := newEnv(t)
+	state := t.TempDir()
+	if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	stats := filepath.Join(state, cniplugin.StatsFileName)
+	reg := prometheus.NewPedanticRegistry()
+	if err := e.agent(t).Register(reg, stats); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(stats, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	gathered := make(chan struct{})
+	go func() {
+		defer close(gathered)
+		reg.Gather() //nolint:errcheck // what it returns is read below, once the lock is free
+	}()
+	select {
+	case <-gathered:
+	case <-time.After(time.Minute):
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN) //nolint:errcheck // let the scrape end
+		<-gathered
+		t.Fatal("a scrape waited for the stats file's lock for a minute; want it bounded")
+	}
+	wantMetric(t, reg, "detour_cni_add_stats_read_errors_total", nil, 2) // the scrape above, and this one
+	if v, ok := metricValue(t, reg, "detour_cni_add_duration_seconds", nil); ok {
+		t.Errorf("detour_cni_add_duration_seconds = %v while the plugin held the lock; want no series", v)
+	}
 	wantMetric(t, reg, "detour_node_ready", nil, 0)
 }
 

@@ -44,6 +44,7 @@ func TestE2E(t *testing.T) {
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"validator/debug-container-captured", validatorDebugContainer},
 		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
+		{"podsecurity/restricted-namespace", podSecurityRestricted},
 		{"seed003/user-namespaces", seed003UserNamespaces},
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},

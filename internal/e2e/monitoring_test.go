@@ -46,6 +46,8 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 			`detour_cni_add_duration_seconds_count{node="` + NodeName + `", result="redirected"} > 0`,
 			`detour_webhook_admissions_total{outcome="injected"} > 0`,
 			`detour_webhook_certificate_expiry_timestamp_seconds > time()`,
+			// DetourNodeAgentNotScraped's selector finds the agent's target (issue 32.5).
+			`up{pod=~"detour-node-agent-.+", node="` + NodeName + `"} == 1`,
 		} {
 			if res, err := prom.query(ctx, q); err != nil || len(res) == 0 {
 				missing = append(missing, fmt.Sprintf("%s (%v)", q, err))

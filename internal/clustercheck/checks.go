@@ -69,7 +69,7 @@ func (c *Checker) load(ctx context.Context) *state {
 		for _, ns := range nss.Items {
 			s.nsLabels[ns.Name] = ns.Labels
 			v, set := ns.Annotations[annotations.Inject]
-			if v == string(annotations.InjectEnabled) || (!set && s.meshWide && !excluded[ns.Name]) {
+			if mode, err := annotations.ParseInjectMode(v); set && err == nil && mode == annotations.InjectEnabled || (!set && s.meshWide && !excluded[ns.Name]) {
 				s.optedIn = append(s.optedIn, ns.Name)
 			}
 		}

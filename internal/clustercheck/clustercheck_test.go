@@ -484,11 +484,16 @@ func TestCheckCluster(t *testing.T) {
 			done.Status.Phase = corev1.PodSucceeded
 			mirror := plain("shop", "static")
 			mirror.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"}
-			f.objects = append(f.objects, plain("shop", "web-2"), plain("shop", "bare"), plain("other", "not-opted-in"), optedOut, hostNet, done, mirror)
+			// The annotations read as the webhook reads them (surrounding spaces ignored).
+			optedOutSpaced := plain("shop", "opted-out-spaced")
+			optedOutSpaced.Annotations = map[string]string{annotations.Inject: " disabled"}
+			padded := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "padded", Annotations: map[string]string{annotations.Inject: "enabled\n"}}}
+			f.objects = append(f.objects, plain("shop", "web-2"), plain("shop", "bare"), plain("other", "not-opted-in"), optedOut, hostNet, done, mirror,
+				optedOutSpaced, padded, plain("padded", "api"))
 		}, want: map[string]struct {
 			status Status
 			msg    string
-		}{"uninjected-pods": {Warning, "2 pods of opted-in namespaces run without detour: shop/bare, shop/web-2; 1 finished pod of opted-in namespaces ran without detour: shop/done"}}},
+		}{"uninjected-pods": {Warning, "3 pods of opted-in namespaces run without detour: padded/api, shop/bare, shop/web-2; 1 finished pod of opted-in namespaces ran without detour: shop/done"}}},
 		{name: "mesh-wide: namespaces without the annotation count as opted in", change: func(f *fixture) {
 			f.cm.Data["config.yaml"] += "defaultInject: enabled\n"
 			plain := func(ns, name string) *corev1.Pod {

@@ -39,11 +39,12 @@ func (c *Checker) checkNamespaces(s *state) Result {
 
 // uninjectedCandidate reports whether p, a pod of an opted-in namespace without detour's
 // injected marker, should have been injected: it is not being deleted, it does not opt out
-// (detour.dev/inject: disabled), and it is not one the webhook never injects
-// ([repair.NeverInjected]). Finished pods count: a Job's pod that ran without the mesh is news.
+// (detour.dev/inject: disabled, read with the webhook's parser), and it is not one the webhook
+// never injects ([repair.NeverInjected]). Finished pods count: a Job's pod that ran without the
+// mesh is news.
 func uninjectedCandidate(p *corev1.Pod) bool {
-	return p.DeletionTimestamp == nil && p.Annotations[annotations.Inject] != string(annotations.InjectDisabled) &&
-		!repair.NeverInjected(p)
+	mode, err := annotations.ParseInjectMode(p.Annotations[annotations.Inject])
+	return p.DeletionTimestamp == nil && !(err == nil && mode == annotations.InjectDisabled) && !repair.NeverInjected(p)
 }
 
 // checkUninjected names the pods of opted-in namespaces that run without detour: admitted

@@ -54,6 +54,7 @@ func TestE2E(t *testing.T) {
 		{"node/agent-follows-the-node", agentFollowsTheNode},
 		{"monitoring/alerts-fire-and-resolve", alertsFireAndResolve},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
+		{"seed000/jobs-complete-after-the-node-broke", seed000Jobs},
 		{"dropin/survives-the-primary-rewriting-its-conflist", dropInSurvivesRewrites},
 		{"cluster", clusterSmoke},
 		{"services/cluster-ip-and-dns", servicesAndDNS},

@@ -68,9 +68,9 @@ type ValidatorDecision struct {
 
 // ResolveValidatorMode decides where the check runs for cfg on cluster c. validator.mode
 // init-container and image-volume are the admin's choice; auto picks image-volume when the
-// configuration allows it (the proxy's command and a startup probe on one of its ports are known), the API server is
-// 1.35 or later and every node's kubelet and runtime mount image volumes — else the init
-// container, and the reason says which condition failed. Either way a pod whose check runs in
+// configuration allows it (the proxy's command and a startup probe on one of its ports are
+// known), the API server is 1.35 or later and every node's kubelet and runtime mount image
+// volumes — else the init container, and the reason says which condition failed. Either way a pod whose check runs in
 // the proxy's start selects detour.dev/image-volumes=true, which the node agent sets only on
 // such nodes, so no node that cannot mount its volume runs it.
 func ResolveValidatorMode(cfg *Config, c Cluster) ValidatorDecision {

@@ -35,8 +35,11 @@ const (
 	DefaultProxyAdminPort    = 4191
 	DefaultValidatorUID      = 2103
 	DefaultValidatorTimeout  = 5 * time.Second
-	DefaultGIDFirst          = 2600
-	DefaultGIDLast           = 2699
+	// DefaultValidatorCheckPort is where the check at the proxy's start listens: the plugin
+	// redirects the proxy UID's connections to a sentinel there (detour.dev/validator-check-port).
+	DefaultValidatorCheckPort = 4142
+	DefaultGIDFirst           = 2600
+	DefaultGIDLast            = 2699
 	// DefaultValidatorImageRepository is the detour image; the validator is `detour validate`.
 	DefaultValidatorImageRepository = "ghcr.io/detourmesh/detour"
 	// maxGIDRange bounds the reserved range so a typo cannot reserve most of the GID space.
@@ -123,6 +126,10 @@ type Validator struct {
 	// Sentinel and Sentinel6 are the addresses (IPv4 and IPv6 literal with a port) the validator
 	// dials; empty leaves the validator's default.
 	Sentinel, Sentinel6 string
+	// CheckPort is where the check at the proxy's start listens, on loopback: the plugin
+	// redirects the proxy UID's connections to the sentinels there, and nothing listens there
+	// outside a check. No container of an injected pod may listen on it.
+	CheckPort uint16
 	// Probes are the destinations the validator dials, defaults included: the webhook writes them
 	// into detour.dev/validator-sentinels so that the plugin redirects them whatever the pod's
 	// skip lists say.
@@ -200,6 +207,7 @@ type ValidatorFile struct {
 	Timeout         *metav1.Duration             `json:"timeout,omitempty"`
 	Sentinel        string                       `json:"sentinel,omitempty"`
 	Sentinel6       string                       `json:"sentinel6,omitempty"`
+	CheckPort       *int64                       `json:"checkPort,omitempty"`
 	Resources       *corev1.ResourceRequirements `json:"resources,omitempty"`
 	// Mode: "auto", "init-container" or "image-volume".
 	Mode string `json:"mode,omitempty"`
@@ -430,6 +438,11 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 		}
 		c.Validator.Probes = append(c.Validator.Probes, ap)
 		*s.to = s.value
+	}
+	c.Validator.CheckPort, err = portField("validator.checkPort", v.CheckPort, DefaultValidatorCheckPort)
+	check(err)
+	if p := c.Validator.CheckPort; p != 0 && (p == c.Proxy.InboundPort || p == c.Proxy.OutboundPort || slices.Contains(c.Proxy.AdminPorts, p)) {
+		check(invalid("validator.checkPort", p, "the check's port must differ from the proxy's inbound, outbound and admin ports (the plugin sends the proxy's own connections to a sentinel there, so a proxy listening there would reach itself again)"))
 	}
 	c.Validator.Resources = resources(v.Resources, defaultValidatorResources())
 	check(checkResources("validator.resources", c.Validator.Resources))

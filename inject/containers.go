@@ -26,14 +26,17 @@ func restricted(uid, gid uint32, seccomp corev1.SeccompProfile) *corev1.Security
 	}
 }
 
-// ValidatorCommand is the validator's command line for cfg: it proves that connections to the
-// proxy's outbound port are redirected (see the validator package).
+// ValidatorCommand is the validator container's command line for cfg: it proves that
+// connections to the sentinels are redirected to the proxy's outbound port (see the validator
+// package).
 func ValidatorCommand(cfg *Config) []string {
-	cmd := []string{
-		"detour", "validate",
-		fmt.Sprintf("--port=%d", cfg.Proxy.OutboundPort),
-		"--timeout=" + cfg.Validator.Timeout.String(),
-	}
+	return validatorCommand(cfg, fmt.Sprintf("--port=%d", cfg.Proxy.OutboundPort))
+}
+
+// validatorCommand is `detour validate` with the configured timeout and sentinels, ports first.
+func validatorCommand(cfg *Config, ports ...string) []string {
+	cmd := append([]string{"detour", "validate"}, ports...)
+	cmd = append(cmd, "--timeout="+cfg.Validator.Timeout.String())
 	if cfg.Validator.Sentinel != "" {
 		cmd = append(cmd, "--sentinel="+cfg.Validator.Sentinel)
 	}
@@ -110,7 +113,11 @@ func foldValidator(pod *corev1.Pod, proxy *corev1.Container, cfg *Config) {
 	proxy.VolumeMounts = append(proxy.VolumeMounts, corev1.VolumeMount{
 		Name: annotations.ValidatorVolume, MountPath: annotations.ValidatorMountPath, ReadOnly: true,
 	})
-	proxy.Command = append(append([]string{ValidatorBinary}, ValidatorCommand(cfg)[1:]...), "--")
+	// The check runs as the proxy's UID, whose connections to a sentinel the plugin sends to the
+	// check port; a node whose plugin predates the check port sends them to the outbound port,
+	// which the check then tries when the check port refuses.
+	check := validatorCommand(cfg, fmt.Sprintf("--port=%d", cfg.Validator.CheckPort), fmt.Sprintf("--fallback-port=%d", cfg.Proxy.OutboundPort))
+	proxy.Command = append(append([]string{ValidatorBinary}, check[1:]...), "--")
 	proxy.Args = append(clone(cfg.Proxy.Command), cfg.Proxy.Args...)
 	if pod.Spec.NodeSelector == nil {
 		pod.Spec.NodeSelector = map[string]string{}

@@ -227,6 +227,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		ExemptUIDs:        ex.ids(ViaUID),
 		ExemptGIDs:        ex.ids(ViaGID),
 		Sentinels:         slices.Clone(cfg.Validator.Probes),
+		CheckPort:         cfg.Validator.CheckPort,
 	}
 	if n := len(r.SkipInboundPorts); n > annotations.MaxListItems {
 		return res, deny("%s (%s) and the proxy's admin ports make %d port ranges, more than %d; merge ports into ranges",
@@ -257,6 +258,9 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	case res.Validator == annotations.ValidatorImageVolume:
 		// The check runs in the proxy's own start: no validator container.
 		foldValidator(pod, &proxy, cfg)
+		if w := checkPortWarning(pod, cfg); w != "" {
+			res.Warnings = append(res.Warnings, w)
+		}
 		proxy.RestartPolicy = ptr(corev1.ContainerRestartPolicyAlways)
 		pod.Spec.InitContainers = slices.Insert(pod.Spec.InitContainers, 0, proxy)
 	case res.Mode == annotations.SidecarNative:
@@ -295,6 +299,21 @@ func validatorMode(res Result, in Input, cfg *Config, s settings) (annotations.V
 			"detour: %s image-volume (from %s) cannot be granted: the webhook configuration's %s; the validator runs as an init container instead", annotations.ValidatorMode, s.validatorModeFrom, why)
 	}
 	return annotations.ValidatorImageVolume, nil
+}
+
+// checkPortWarning warns about a container of the pod that declares the check port: the check
+// at the proxy's start listens there, so after a proxy restart it would find the port taken and
+// fail (exit 43) while that container listens.
+func checkPortWarning(pod *corev1.Pod, cfg *Config) string {
+	for _, c := range slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers) {
+		for _, p := range c.Ports {
+			if p.ContainerPort == int32(cfg.Validator.CheckPort) && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
+				return fmt.Sprintf("detour: container %q declares port %d, where the redirect check at the proxy's start listens (the webhook's validator.checkPort); "+
+					"if it listens there, the check cannot run when the proxy restarts (exit 43): move the container's port, or ask the admin to move validator.checkPort", c.Name, p.ContainerPort)
+			}
+		}
+	}
+	return ""
 }
 
 // runToCompletionWarning warns about a pod that runs to completion (restartPolicy Never or

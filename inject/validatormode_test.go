@@ -47,7 +47,12 @@ func TestMutateFoldsTheValidatorIntoTheProxy(t *testing.T) {
 	if p.RestartPolicy == nil || *p.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Errorf("the proxy is not a native sidecar: %+v", p.RestartPolicy)
 	}
-	wantCmd := []string{"/.detour/opt/detour/bin/detour", "validate", "--port=4140", "--timeout=3s", "--"}
+	// The check listens on the check port, where the plugin sends the proxy UID's connections to
+	// a sentinel, and tries the outbound port when a node's older plugin sends them there.
+	wantCmd := []string{"/.detour/opt/detour/bin/detour", "validate", "--port=4142", "--fallback-port=4140", "--timeout=3s", "--"}
+	if got := pod.Annotations[annotations.ValidatorCheckPort]; got != "4142" {
+		t.Errorf("%s = %q, want 4142", annotations.ValidatorCheckPort, got)
+	}
 	if !slices.Equal(p.Command, wantCmd) || !slices.Equal(p.Args, []string{"/usr/bin/proxy", "--config", "/etc/proxy config.yaml"}) {
 		t.Errorf("proxy command %q args %q; want %q and the proxy's command and args", p.Command, p.Args, wantCmd)
 	}
@@ -317,5 +322,23 @@ func TestFoldNeedsAStartupProbeOnAProxyPort(t *testing.T) {
 				t.Errorf("warnings %q; want one that says why exactly when the probe does not reach the proxy", res.Warnings)
 			}
 		})
+	}
+}
+
+// A container that declares the check port would hold it when the proxy restarts, and the check
+// there would fail: the webhook warns, naming the container and the port.
+func TestMutateWarnsAboutAContainerOnTheCheckPort(t *testing.T) {
+	cfg := foldableConfig(t, "")
+	pod := newPod(inits(container("migrate", 0, unset)))
+	pod.Spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 4142}}
+	res, err := Mutate(pod, folded, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := strings.Join(res.Warnings, "\n"); !strings.Contains(w, `container "`+pod.Spec.Containers[0].Name+`" declares port 4142`) {
+		t.Errorf("warnings %q, want one about the container on the check port", res.Warnings)
+	}
+	if _, err := ParseConfig([]byte("proxy: {image: p, adminPorts: [4142]}")); err == nil || !strings.Contains(err.Error(), "validator.checkPort: 4142 is not valid") {
+		t.Errorf("ParseConfig with an admin port on the check port: %v, want validator.checkPort refused", err)
 	}
 }

@@ -20,8 +20,8 @@ const (
 	// ExitNoRedirect: a connection to the sentinel did not come back to this pod's port — no
 	// redirect is in place. The repair controller recreates controller-owned pods that fail so.
 	ExitNoRedirect = 42
-	// ExitPortInUse: another process already listens on the proxy's outbound port, so the check
-	// cannot tell whose listener a redirected connection would reach.
+	// ExitPortInUse: another process already listens on the check's port, so the check cannot
+	// tell whose listener a redirected connection would reach.
 	ExitPortInUse = 43
 	// ExitNoRoute: no family the pod has can reach its sentinel (no address of the family, or no
 	// route to the sentinel), so nothing could be checked: unknown, not "no redirect". The
@@ -57,11 +57,12 @@ const (
 
 // Flags are the raw command-line values; [Flags.Parse] turns them into a Config.
 type Flags struct {
-	Port      int
-	Sentinel  string
-	Sentinel6 string
-	Timeout   time.Duration
-	IPv6      string
+	Port         int
+	FallbackPort int
+	Sentinel     string
+	Sentinel6    string
+	Timeout      time.Duration
+	IPv6         string
 }
 
 // DefaultFlags returns the flags' default values.
@@ -77,8 +78,15 @@ func DefaultFlags() Flags {
 
 // Config is a validated validator configuration; only [Flags.Parse] makes one.
 type Config struct {
-	// Port is the proxy's outbound port, where the redirect sends outbound connections.
+	// Port is where the redirect sends the check's connections, and where the check listens:
+	// the proxy's outbound port for the validator container, the check port
+	// (detour.dev/validator-check-port) for the check at the proxy's start, which runs as the
+	// proxy's UID.
 	Port uint16
+	// FallbackPort, when not 0, is where a node's detour-cni that predates the check port sends
+	// the proxy UID's connections to a sentinel (the proxy's outbound port): a family whose
+	// connection to Port is refused is checked again listening there. 0 checks Port alone.
+	FallbackPort uint16
 	// Sentinel and Sentinel6 are the addresses the validator connects to; they must be outside
 	// the pod (not loopback, which the redirect leaves alone).
 	Sentinel  netip.AddrPort
@@ -93,9 +101,15 @@ type Config struct {
 func (f Flags) Parse() (Config, error) {
 	var c Config
 	if f.Port < 1 || f.Port > 65535 {
-		return c, usageError("--port", fmt.Sprint(f.Port), "must be the proxy's outbound port, 1-65535 (the pod's detour.dev/proxy-outbound-port annotation)")
+		return c, usageError("--port", fmt.Sprint(f.Port), "must be the port the redirect sends the check's connections to, 1-65535: the proxy's outbound port (detour.dev/proxy-outbound-port), or the check port at the proxy's start (detour.dev/validator-check-port)")
 	}
 	c.Port = uint16(f.Port)
+	if f.FallbackPort != 0 {
+		if f.FallbackPort < 0 || f.FallbackPort > 65535 || f.FallbackPort == f.Port {
+			return c, usageError("--fallback-port", fmt.Sprint(f.FallbackPort), "must be the proxy's outbound port, 1-65535 and not --port (or 0 for none)")
+		}
+		c.FallbackPort = uint16(f.FallbackPort)
+	}
 	var err error
 	if c.Sentinel, err = parseSentinel("--sentinel", f.Sentinel, false); err != nil {
 		return c, err

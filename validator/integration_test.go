@@ -350,7 +350,7 @@ func TestIntegrationValidatorInTheProxysStart(t *testing.T) {
 			t.Fatalf("exit code %d, want the proxy's 7; stdout %q, stderr %q", code, stdout.String(), stderr.String())
 		}
 		for _, want := range []string{
-			"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4140",
+			"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4142",
 			"detour validate: starting /bin/sh",
 			fmt.Sprintf("pid %d\n", cmd.Process.Pid), // the same process
 			"arg1 [two words]\n", "arg2 [--config=/etc/proxy.yaml]\n",
@@ -386,6 +386,26 @@ func TestIntegrationValidatorInTheProxysStart(t *testing.T) {
 		cmd.Wait()
 		if code := cmd.ProcessState.ExitCode(); code != 143 || !slices.Contains(seen, "got TERM") {
 			t.Errorf("after SIGTERM: exit code %d, output %q; want the proxy's trap to answer with 143", code, seen)
+		}
+	})
+
+	// A node whose detour-cni predates the check port (the webhook upgraded first) ignores
+	// detour.dev/validator-check-port and sends the proxy's probe to the outbound port: the
+	// check, refused on the check port, passes there.
+	t.Run("a plugin from before the check port", func(t *testing.T) {
+		older := podNamespace(t, false)
+		r := r
+		r.CheckPort = 0
+		applyRedirect(t, older, r)
+		cmd := runFolded(ctx, older, proxy)
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		if err := older.Do(cmd.Start); err != nil {
+			t.Fatal(err)
+		}
+		cmd.Wait()
+		if code := cmd.ProcessState.ExitCode(); code != 7 || !strings.Contains(stdout.String(), "came back to port 4140") {
+			t.Errorf("exit code %d, want the proxy's 7 after a check that came back to port 4140; stdout %q, stderr %q", code, stdout.String(), stderr.String())
 		}
 	})
 

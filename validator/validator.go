@@ -60,16 +60,16 @@ func New(cfg Config, opts ...Option) *Validator {
 	return v
 }
 
-// Check is the successful check of one family.
+// Check is the successful check of one family: its connection came back to Port.
 type Check struct {
 	Family   string
 	Sentinel netip.AddrPort
+	Port     uint16
 	Elapsed  time.Duration
 }
 
 // Result is what a successful run checked, and which families it could not check.
 type Result struct {
-	Port    uint16
 	Checks  []Check
 	Skipped []string // "ipv6: no route to [2001:db8::fe]:80 (...)"
 }
@@ -78,7 +78,7 @@ type Result struct {
 func (r Result) String() string {
 	parts := make([]string, len(r.Checks))
 	for i, c := range r.Checks {
-		parts[i] = fmt.Sprintf("%s connection to %s came back to port %d in %s", c.Family, c.Sentinel, r.Port, c.Elapsed.Round(time.Microsecond))
+		parts[i] = fmt.Sprintf("%s connection to %s came back to port %d in %s", c.Family, c.Sentinel, c.Port, c.Elapsed.Round(time.Microsecond))
 	}
 	line := "redirect in place: " + strings.Join(parts, "; ")
 	if len(r.Skipped) > 0 {
@@ -95,58 +95,98 @@ type family struct {
 	sentinel netip.AddrPort
 }
 
-// Run performs the check: it listens on the proxy's outbound port on loopback (where a REDIRECT
+// Run performs the check: it listens on the configured port on loopback (where a REDIRECT
 // delivers locally generated connections), connects to the sentinel of every checked family at
-// once, and passes when each connection is answered with the token its listener serves. It
-// returns within the configured timeout; its error is an [*Error] whose Code is the exit code.
+// once, and passes when each connection is answered with the token its listener serves. A
+// family whose connection is refused is checked again on the fallback port, where one is set
+// (a node's plugin that predates the check port). It returns within the configured timeout;
+// its error is an [*Error] whose Code is the exit code.
 func (v *Validator) Run(ctx context.Context) (Result, error) {
-	res := Result{Port: v.cfg.Port}
+	var res Result
 	families, err := v.families(&res)
 	if err != nil {
 		return res, err
 	}
-
 	token, err := newToken()
 	if err != nil {
 		return res, &Error{Code: ExitFailure, Msg: fmt.Sprintf("generate the validator's token: %v", err)}
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for _, f := range families {
-		ln, err := v.listen(f)
-		if err != nil {
-			return res, err
-		}
-		defer ln.Close()
-		wg.Go(func() { serve(ln, token) })
-	}
-
 	ctx, cancel := context.WithTimeout(ctx, v.cfg.Timeout)
 	defer cancel()
 	start := time.Now()
-	outcomes := make([]error, len(families))
-	elapsed := make([]time.Duration, len(families))
-	var checks sync.WaitGroup
-	for i, f := range families {
-		checks.Go(func() {
-			outcomes[i] = v.probe(ctx, f, token)
-			elapsed[i] = time.Since(start)
-		})
+	outcomes, err := v.check(ctx, families, v.cfg.Port, token)
+	if err != nil {
+		return res, err
 	}
-	checks.Wait()
+	if v.cfg.FallbackPort != 0 {
+		var again []family
+		for _, f := range families {
+			if errors.Is(outcomes[f.name].err, errRefused) {
+				again = append(again, f)
+			}
+		}
+		if len(again) > 0 {
+			retried, err := v.check(ctx, again, v.cfg.FallbackPort, token)
+			if err != nil {
+				return res, err
+			}
+			for name, o := range retried {
+				if o.err == nil {
+					outcomes[name] = o
+				}
+			}
+		}
+	}
 
 	var failed []string
-	for i, f := range families {
-		if outcomes[i] != nil {
-			failed = append(failed, fmt.Sprintf("the %s connection to %s %v", f.name, f.sentinel, outcomes[i]))
+	for _, f := range families {
+		o := outcomes[f.name]
+		if o.err != nil {
+			failed = append(failed, fmt.Sprintf("the %s connection to %s %v", f.name, f.sentinel, o.err))
 			continue
 		}
-		res.Checks = append(res.Checks, Check{Family: f.name, Sentinel: f.sentinel, Elapsed: elapsed[i]})
+		res.Checks = append(res.Checks, Check{Family: f.name, Sentinel: f.sentinel, Port: o.port, Elapsed: o.at.Sub(start)})
 	}
 	if len(failed) == 0 {
 		return res, nil
 	}
 	return res, v.noRedirect(families, failed, len(res.Checks) > 0)
+}
+
+// outcome is how one family's connection ended: on port at time at, or with err.
+type outcome struct {
+	port uint16
+	at   time.Time
+	err  error
+}
+
+// check listens on port for every family and probes them all at once. Its error is a listener
+// that could not be opened; each family's own result is in the map, by family name.
+func (v *Validator) check(ctx context.Context, families []family, port uint16, token string) (map[string]outcome, error) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for _, f := range families {
+		ln, err := v.listen(f, port)
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		wg.Go(func() { serve(ln, token) })
+	}
+	results := make([]outcome, len(families))
+	var checks sync.WaitGroup
+	for i, f := range families {
+		checks.Go(func() {
+			err := v.probe(ctx, f, token)
+			results[i] = outcome{port: port, at: time.Now(), err: err}
+		})
+	}
+	checks.Wait()
+	out := make(map[string]outcome, len(families))
+	for i, f := range families {
+		out[f.name] = results[i]
+	}
+	return out, nil
 }
 
 // families returns the families to check: IPv4 when the pod has an IPv4 address, IPv6 as --ipv6
@@ -237,9 +277,9 @@ func (v *Validator) noRedirect(families []family, failed []string, partly bool) 
 		strings.Join(sentinels, " and "), v.cfg.Port, strings.Join(failed, ", and "), cause)}
 }
 
-// listen opens the family's listener on the proxy's outbound port.
-func (v *Validator) listen(f family) (net.Listener, error) {
-	addr := net.JoinHostPort(f.loopback, fmt.Sprint(v.cfg.Port))
+// listen opens the family's listener on port.
+func (v *Validator) listen(f family, port uint16) (net.Listener, error) {
+	addr := net.JoinHostPort(f.loopback, fmt.Sprint(port))
 	ln, err := net.Listen(f.network, addr)
 	switch {
 	case err == nil:
@@ -247,8 +287,9 @@ func (v *Validator) listen(f family) (net.Listener, error) {
 	case errors.Is(err, syscall.EADDRINUSE):
 		return nil, &Error{Code: ExitPortInUse, Msg: fmt.Sprintf(
 			"port %d is already in use in this pod's network namespace (listen on %s: address already in use): the validator must listen there itself to prove the redirect, "+
-				"so it has to run before the proxy and anything else that uses the proxy's outbound port — check that --port is the proxy's outbound port and that no container or hostNetwork process holding it starts first",
-			v.cfg.Port, addr)}
+				"so nothing else in the pod may use it while the check runs — for the validator container, check that --port is the proxy's outbound port and that no container holding it starts first; "+
+				"at the proxy's start, the port is the webhook's validator.checkPort: no container of the pod may listen on it",
+			port, addr)}
 	default:
 		return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot listen on %s to receive the redirected %s connection: %v", addr, f.name, err)}
 	}
@@ -290,12 +331,16 @@ func (v *Validator) probe(ctx context.Context, f family, token string) error {
 	}
 }
 
+// errRefused is a connection to the sentinel that was refused: redirected to a port where
+// nothing listens (or refused by the network).
+var errRefused = errors.New("was refused")
+
 func describeDialError(err error, timeout time.Duration) error {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded) || os.IsTimeout(err):
 		return fmt.Errorf("timed out after %s", timeout)
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return errors.New("was refused")
+		return errRefused
 	case errors.Is(err, syscall.ENETUNREACH):
 		return errors.New("failed: the network is unreachable")
 	case errors.Is(err, syscall.EHOSTUNREACH):

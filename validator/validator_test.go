@@ -45,6 +45,8 @@ func TestFlagsParse(t *testing.T) {
 		{"timeout negative", func(f *validator.Flags) { f.Timeout = -time.Second }, `--timeout "-1s"`},
 		{"timeout huge", func(f *validator.Flags) { f.Timeout = time.Hour }, "at most 5m0s"},
 		{"ipv6 mode", func(f *validator.Flags) { f.IPv6 = "yes" }, `--ipv6 "yes"`},
+		{"fallback port is the port", func(f *validator.Flags) { f.FallbackPort = f.Port }, `--fallback-port "4140"`},
+		{"fallback port too big", func(f *validator.Flags) { f.FallbackPort = 70000 }, `--fallback-port "70000"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := validator.DefaultFlags()
@@ -308,5 +310,76 @@ func TestRunNoRoute(t *testing.T) {
 	res, err := newValidator(config(t, port, validator.IPv6Auto), validator.WithDialer(redirectDialer{port}), has6(true), noRoute("tcp6")).Run(context.Background())
 	if err != nil || len(res.Checks) != 1 || !strings.Contains(res.String(), "not checked: ipv6: no route to [2001:db8::fe]:80") {
 		t.Errorf("Run = %q, %v; want the ipv4 check and ipv6 noted", res, err)
+	}
+}
+
+// configWithFallback is config with the check on port and the outbound port as the fallback, as
+// at the proxy's start.
+func configWithFallback(t *testing.T, port, fallback uint16) validator.Config {
+	t.Helper()
+	f := validator.DefaultFlags()
+	f.Port, f.FallbackPort, f.IPv6, f.Timeout = int(port), int(fallback), string(validator.IPv6Never), 2*time.Second
+	cfg, err := f.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// probingDialer dials the outbound port first (an app's connection while the check runs) and
+// records how that ended, then behaves as a redirect to port.
+type probingDialer struct {
+	outbound, port uint16
+	appErr         *error
+}
+
+func (d probingDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := redirectDialer{d.outbound}.DialContext(ctx, network, addr)
+	if err == nil {
+		c.Close()
+	}
+	*d.appErr = err
+	return redirectDialer{d.port}.DialContext(ctx, network, addr)
+}
+
+// At the proxy's start the check listens on the check port alone (issue 32, item 7): an app's
+// connection to the proxy's outbound port while the check runs again (after a proxy restart) is
+// refused, as when the proxy is down, instead of being answered with the check's token.
+func TestRunAtTheProxysStartLeavesTheOutboundPortAlone(t *testing.T) {
+	check, outbound := freePort(t), freePort(t)
+	var appErr error
+	res, err := newValidator(configWithFallback(t, check, outbound), validator.WithDialer(probingDialer{outbound, check, &appErr})).Run(context.Background())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if !errors.Is(appErr, syscall.ECONNREFUSED) {
+		t.Errorf("a connection to the outbound port during the check: %v, want refused", appErr)
+	}
+	if len(res.Checks) != 1 || res.Checks[0].Port != check {
+		t.Errorf("checks %+v, want one that came back to the check port %d", res.Checks, check)
+	}
+}
+
+// A node whose plugin predates detour.dev/validator-check-port sends the proxy's probe to the
+// outbound port: refused on the check port, the check passes there. A probe that is not
+// refused but lost (no redirect at all) is not tried again, and the check still ends within its
+// timeout.
+func TestRunFallsBackToTheOutboundPort(t *testing.T) {
+	check, outbound := freePort(t), freePort(t)
+	res, err := newValidator(configWithFallback(t, check, outbound), validator.WithDialer(redirectDialer{outbound})).Run(context.Background())
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(res.Checks) != 1 || res.Checks[0].Port != outbound || !strings.Contains(res.String(), "came back to port "+strconv.Itoa(int(outbound))) {
+		t.Errorf("result %q, want the ipv4 check passed on the outbound port %d", res, outbound)
+	}
+
+	start := time.Now()
+	_, err = newValidator(configWithFallback(t, check, outbound), validator.WithDialer(blackholeDialer{})).Run(context.Background())
+	if code := validator.Code(err); code != validator.ExitNoRedirect {
+		t.Fatalf("exit code %d (%v), want %d", code, err, validator.ExitNoRedirect)
+	}
+	if elapsed := time.Since(start); elapsed > 3*time.Second {
+		t.Errorf("a lost probe took %s, want at most the 2s timeout", elapsed)
 	}
 }

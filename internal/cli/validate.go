@@ -63,7 +63,8 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 		return &ExitError{Code: validator.ExitUsage, Err: err}
 	})
 	fl := cmd.Flags()
-	fl.IntVar(&f.Port, "port", f.Port, "the proxy's outbound port, where the redirect sends outbound connections")
+	fl.IntVar(&f.Port, "port", f.Port, "where the redirect sends the check's connections and the check listens: the proxy's outbound port, or the check port at the proxy's start (detour.dev/validator-check-port)")
+	fl.IntVar(&f.FallbackPort, "fallback-port", f.FallbackPort, "at the proxy's start: the proxy's outbound port, checked again when the connection to --port is refused (a node whose detour-cni predates the check port redirects there); 0 for none")
 	fl.StringVar(&f.Sentinel, "sentinel", f.Sentinel, "IPv4 address:port outside the pod to connect to (a documentation address no network routes)")
 	fl.StringVar(&f.Sentinel6, "sentinel6", f.Sentinel6, "IPv6 [address]:port outside the pod to connect to")
 	fl.DurationVar(&f.Timeout, "timeout", f.Timeout, "bound of the whole check")

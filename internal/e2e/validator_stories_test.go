@@ -62,7 +62,7 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *env) {
 	}
 	log := e.logs(ctx, "fold", "web", annotations.ProxyContainer)
 	for _, want := range []string{
-		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4140",
+		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4142",
 		validator.StartedMarker + "testproxy",
 		"proxy outbound listening",
 	} {

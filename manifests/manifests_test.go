@@ -23,6 +23,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -133,6 +134,26 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, in
 		}
 	}
 	t.Fatalf("no %s %s in the rendered manifests", kind, name)
+}
+
+// The webhook watches nodes only where the check may run in the proxy's start: with
+// validator.mode init-container its ClusterRole has no rule on nodes (issue 32, item 7).
+func TestWebhookNodesRuleFollowsTheValidatorMode(t *testing.T) {
+	for _, tc := range []struct {
+		mode  string
+		nodes bool
+	}{{"", true}, {"auto", true}, {"image-volume", true}, {"init-container", false}} {
+		var sets []string
+		if tc.mode != "" {
+			sets = append(sets, "webhook.config.validator.mode="+tc.mode)
+		}
+		var role rbacv1.ClusterRole
+		find(t, objects(t, render(t, sets)), "ClusterRole", "detour-webhook", &role)
+		has := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "nodes") })
+		if has != tc.nodes {
+			t.Errorf("validator.mode %q: the webhook's ClusterRole has a rule on nodes: %v, want %v", tc.mode, has, tc.nodes)
+		}
+	}
 }
 
 func TestHelmLintAndTemplate(t *testing.T) {

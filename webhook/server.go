@@ -191,12 +191,18 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	modes := NewValidatorModes(&cfg, serverVersion, log.With("component", "validator-mode"), m.validatorMode)
-	nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
-	if err != nil {
-		return fmt.Errorf("run webhook: watch nodes: %w", err)
-	}
-	if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
-		return fmt.Errorf("run webhook: watch nodes: %w", err)
+	// The nodes matter only where the check may run in the proxy's start: with validator.mode
+	// init-container the webhook neither watches them nor needs RBAC on them.
+	nodesSynced := func() bool { return true }
+	if cfg.Validator.Mode != annotations.ValidatorInitContainer {
+		nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+		if err != nil {
+			return fmt.Errorf("run webhook: watch nodes: %w", err)
+		}
+		if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
+			return fmt.Errorf("run webhook: watch nodes: %w", err)
+		}
+		nodesSynced = nodes.HasSynced
 	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m), WithValidatorModes(modes))
@@ -222,7 +228,7 @@ func Run(ctx context.Context, o Options) error {
 		switch {
 		case !informer.HasSynced():
 			return errors.New("the namespace cache has not synced yet")
-		case !nodes.HasSynced():
+		case !nodesSynced():
 			return errors.New("the node cache has not synced yet (the validator mode depends on the nodes)")
 		}
 		return nil

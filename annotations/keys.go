@@ -21,6 +21,10 @@ const (
 	// ValidatorMode overrides where the validator's check runs: "auto" (the webhook's
 	// decision), "init-container" or "image-volume" (in the proxy's own start).
 	ValidatorMode = Prefix + "validator-mode"
+	// InboundCapture says which inbound connections go to the proxy: "listening" (only where a
+	// socket of the pod listens on the destination) or "all" (every one, for proxies that
+	// serve ports with no app behind them).
+	InboundCapture = Prefix + "inbound-capture"
 )
 
 // Keys written by the webhook only. The webhook recomputes them on every admission and
@@ -62,13 +66,17 @@ const (
 	// container, from detour's image mounted as a volume). The repair controller and detour
 	// check read it to find the check's exit code.
 	Validator = Prefix + "validator"
+	// RedirectInbound is the compiled inbound capture: "listening" or "all" (the value of
+	// [InboundCapture], else the webhook's configuration). A pod injected before this key
+	// existed has none, and the plugin redirects every inbound connection, as it did then.
+	RedirectInbound = Prefix + "redirect-inbound"
 )
 
 // WebhookKeys lists every key only the webhook may write, in a fixed order.
 var WebhookKeys = []string{
 	Injected, ProxyUID, ProxyInboundPort, ProxyOutboundPort,
 	RedirectSkipInboundPorts, RedirectSkipOutboundPorts, RedirectSkipOutboundCIDRs,
-	ExemptUIDs, ExemptGIDs, ValidatorSentinels, ValidatorCheckPort, InitEgressStatus, Validator,
+	ExemptUIDs, ExemptGIDs, ValidatorSentinels, ValidatorCheckPort, RedirectInbound, InitEgressStatus, Validator,
 }
 
 // RecreateRequired is set by the repair controller on a bare pod whose validator found no
@@ -76,7 +84,7 @@ var WebhookKeys = []string{
 const RecreateRequired = Prefix + "recreate-required"
 
 // userKeys are the keys users write, in the order of docs/annotations.md.
-var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode}
+var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode, InboundCapture}
 
 // MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an
 // arbitrarily large ruleset.

@@ -172,6 +172,8 @@ func sampleRedirect() Redirect {
 		ExemptUIDs:        []uint32{1000},
 		ExemptGIDs:        []uint32{2601},
 		Sentinels:         []netip.AddrPort{netip.MustParseAddrPort("203.0.113.254:80"), netip.MustParseAddrPort("[2001:db8::fe]:80")},
+		CheckPort:         4142,
+		InboundListening:  true,
 	}
 }
 
@@ -187,9 +189,24 @@ func TestRedirectRoundTrip(t *testing.T) {
 		t.Fatalf("ParseRedirect(Annotations()) = %+v, %v; want %+v", got, err, r)
 	}
 
+	if a[ValidatorCheckPort] != "4142" || a[RedirectInbound] != "listening" {
+		t.Errorf("Annotations() = %v, want the check port and the inbound capture", a)
+	}
+
+	// Empty lists are left out; the inbound capture is always written, so that a pod without it
+	// is one injected before it existed.
 	empty := Redirect{Version: "dev", ProxyUID: 7, InboundPort: 1, OutboundPort: 2}
-	if a := empty.Annotations(); len(a) != 4 {
-		t.Errorf("empty lists should be left out, got %v", a)
+	if a := empty.Annotations(); len(a) != 5 || a[RedirectInbound] != "all" {
+		t.Errorf("empty lists should be left out and the capture written, got %v", a)
+	}
+	// A pod injected before the key existed had every inbound connection redirected.
+	delete(a, RedirectInbound)
+	if got, err := ParseRedirect(a); err != nil || got.InboundListening {
+		t.Errorf("ParseRedirect without %s = %+v, %v; want every inbound connection redirected", RedirectInbound, got, err)
+	}
+	a[RedirectInbound] = "some"
+	if _, err := ParseRedirect(a); err == nil || !strings.Contains(err.Error(), RedirectInbound) {
+		t.Errorf("ParseRedirect with %s=some: %v, want an error naming the key", RedirectInbound, err)
 	}
 }
 

@@ -25,6 +25,10 @@ type Redirect struct {
 	// CheckPort is where the proxy UID's connections to the sentinels go (the check at the
 	// proxy's start listens there); 0 on a pod injected before detour wrote it.
 	CheckPort uint16
+	// InboundListening redirects inbound connections only where a socket of the pod listens
+	// on their destination (detour.dev/redirect-inbound: listening); false on a pod injected
+	// before detour wrote the key, which had every inbound connection redirected.
+	InboundListening bool
 }
 
 // IsInjected reports whether annotations carry the webhook's injected marker.
@@ -71,6 +75,13 @@ func ParseRedirect(a map[string]string) (Redirect, error) {
 	}
 	if r.Sentinels, err = ParseSentinels(ValidatorSentinels, a[ValidatorSentinels]); err != nil {
 		return r, err
+	}
+	if v, ok := a[RedirectInbound]; ok {
+		m, err := ParseInboundCapture(RedirectInbound, v)
+		if err != nil {
+			return r, err
+		}
+		r.InboundListening = m == InboundListening
 	}
 	if v, ok := a[ValidatorCheckPort]; ok {
 		if r.CheckPort, err = ParsePort(ValidatorCheckPort, v); err != nil {
@@ -121,6 +132,10 @@ func (r Redirect) Annotations() map[string]string {
 	set(ValidatorSentinels, FormatSentinels(r.Sentinels))
 	if r.CheckPort != 0 {
 		a[ValidatorCheckPort] = strconv.Itoa(int(r.CheckPort))
+	}
+	a[RedirectInbound] = string(InboundAll)
+	if r.InboundListening {
+		a[RedirectInbound] = string(InboundListening)
 	}
 	return a
 }

@@ -63,6 +63,27 @@ func ParseValidatorMode(value string) (ValidatorModeValue, error) {
 	return "", errorf(ValidatorMode, value, "use \"auto\", \"init-container\" or \"image-volume\"")
 }
 
+// InboundCaptureValue is the value of [InboundCapture] and [RedirectInbound], and the webhook
+// configuration's inboundCapture.
+type InboundCaptureValue string
+
+const (
+	// InboundListening: an inbound connection goes to the proxy only where a socket of the pod
+	// listens on its destination address and port.
+	InboundListening InboundCaptureValue = "listening"
+	// InboundAll: every inbound connection goes to the proxy (but the skipped ports).
+	InboundAll InboundCaptureValue = "all"
+)
+
+// ParseInboundCapture parses the value of key ([InboundCapture] or [RedirectInbound]).
+func ParseInboundCapture(key, value string) (InboundCaptureValue, error) {
+	switch m := InboundCaptureValue(strings.TrimSpace(value)); m {
+	case InboundListening, InboundAll:
+		return m, nil
+	}
+	return "", errorf(key, value, "use \"listening\" (inbound connections go to the proxy only where the app listens) or \"all\" (every inbound connection, for a proxy that serves ports itself)")
+}
+
 // InitEgressSelection is the parsed value of [InitEgress]: all init containers, none, or the
 // named ones.
 type InitEgressSelection struct {

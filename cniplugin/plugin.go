@@ -79,7 +79,10 @@ type call struct {
 	decision string
 	source   string // where the annotations came from: runtimeConfig or api
 	families []iptables.Family
-	warning  string // what degrades the command without failing it (STATUS)
+	warning  string // what degrades the command without failing it (STATUS, the inbound fallback)
+	// inboundFallback: the kernel has no socket lookup, so every inbound connection goes to the
+	// proxy although the pod asked for the listening ports only.
+	inboundFallback bool
 }
 
 // podRef is the pod's identity from CNI_ARGS.
@@ -140,7 +143,7 @@ func (p *Plugin) end(c *call, err error) error {
 	}
 	if c.cmd == "ADD" && p.StateDir != "" {
 		// Counting is best effort: a state directory it cannot write must not fail the pod.
-		_ = RecordAdd(p.StateDir, addResult(c.decision, err), time.Since(c.start))
+		_ = RecordAdd(p.StateDir, addResult(c.decision, err), time.Since(c.start), c.inboundFallback)
 	}
 	// The runtime asks for STATUS every few seconds: an outcome already logged goes to debug.
 	quiet := c.cmd == "STATUS" && !p.statusChanged(c, err)
@@ -269,7 +272,17 @@ func (p *Plugin) add(c *call) error {
 	rulesets, err := p.rulesFor(c)
 	if err == nil && len(rulesets) > 0 {
 		exec := p.NewExecutor(c.conf)
-		if err = exec.Apply(context.Background(), c.args.Netns, rulesets...); err != nil {
+		err = exec.Apply(context.Background(), c.args.Netns, rulesets...)
+		if fallback, ok := iptables.InboundFallback(rulesets); err != nil && ok {
+			// A kernel without the socket lookup (xt_socket, nft_socket) refuses the inbound
+			// rule that needs it: redirect every inbound connection, as before that rule.
+			if exec.Apply(context.Background(), c.args.Netns, fallback...) == nil {
+				c.inboundFallback = true
+				c.warning = fmt.Sprintf("the kernel refused the socket lookup of detour.dev/redirect-inbound: listening (%v), so every inbound connection of this pod goes to the proxy, as with detour.dev/inbound-capture: all; load the xt_socket or nft_socket module (docs/troubleshooting.md)", err)
+				err = nil
+			}
+		}
+		if err != nil {
 			err = redirectError(c.pod, err)
 		} else {
 			c.decision = "redirected"
@@ -418,8 +431,16 @@ func (p *Plugin) check(c *call) error {
 	if err != nil || len(rulesets) == 0 {
 		return err
 	}
-	if err := p.NewExecutor(c.conf).Check(context.Background(), c.args.Netns, rulesets...); err != nil {
-		return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
+	exec := p.NewExecutor(c.conf)
+	if err := exec.Check(context.Background(), c.args.Netns, rulesets...); err != nil {
+		// ADD falls back to redirecting every inbound connection where the kernel has no socket
+		// lookup: those rules are the ones it installed.
+		fallback, ok := iptables.InboundFallback(rulesets)
+		if !ok || exec.Check(context.Background(), c.args.Netns, fallback...) != nil || exec.InboundLookupUsable(context.Background()) == nil {
+			return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
+		}
+		c.decision = "rules match (every inbound connection: the kernel has no socket lookup)"
+		return nil
 	}
 	c.decision = "rules match"
 	return nil

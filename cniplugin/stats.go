@@ -38,6 +38,10 @@ var AddDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 type AddStats struct {
 	// Results holds one histogram per result.
 	Results map[string]*AddHistogram `json:"results"`
+	// InboundFallbacks counts the redirected ADDs whose pod asked for its listening ports only
+	// (detour.dev/redirect-inbound: listening) but got every inbound connection redirected: the
+	// kernel has no socket lookup.
+	InboundFallbacks uint64 `json:"inboundFallbacks,omitempty"`
 }
 
 // AddHistogram counts the ADDs of one result and their durations.
@@ -70,7 +74,7 @@ func (s *AddStats) observe(result string, d time.Duration) {
 
 // RecordAdd counts one ADD in the stats file in dir, under an exclusive lock on the file, so
 // that concurrent ADDs lose no count. A file it cannot parse starts over.
-func RecordAdd(dir, result string, d time.Duration) error {
+func RecordAdd(dir, result string, d time.Duration, inboundFallback bool) error {
 	path := filepath.Join(dir, StatsFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if errors.Is(err, os.ErrNotExist) {
@@ -97,6 +101,9 @@ func RecordAdd(dir, result string, d time.Duration) error {
 		s = AddStats{}
 	}
 	s.observe(result, d)
+	if inboundFallback {
+		s.InboundFallbacks++
+	}
 	out, err := json.Marshal(&s)
 	if err != nil {
 		return err

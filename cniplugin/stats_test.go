@@ -21,7 +21,7 @@ func TestRecordAddConcurrent(t *testing.T) {
 				if w == 0 {
 					result, d = AddFailed, time.Duration(i)*100*time.Millisecond // 0s to 4.9s
 				}
-				if err := RecordAdd(dir, result, d); err != nil {
+				if err := RecordAdd(dir, result, d, false); err != nil {
 					t.Error(err)
 				}
 			}
@@ -65,7 +65,7 @@ func TestAddStatsCorrupt(t *testing.T) {
 	if _, err := ReadAddStats(path); err == nil {
 		t.Fatal("a histogram with the wrong number of buckets was read without an error")
 	}
-	if err := RecordAdd(dir, AddSkipped, time.Millisecond); err != nil {
+	if err := RecordAdd(dir, AddSkipped, time.Millisecond, false); err != nil {
 		t.Fatal(err)
 	}
 	s, err := ReadAddStats(path)
@@ -124,7 +124,7 @@ func FuzzParseAddStats(f *testing.F) {
 func BenchmarkRecordAdd(b *testing.B) {
 	dir := b.TempDir()
 	for i := 0; b.Loop(); i++ {
-		if err := RecordAdd(dir, AddResults[i%len(AddResults)], time.Duration(i%1000)*time.Millisecond); err != nil {
+		if err := RecordAdd(dir, AddResults[i%len(AddResults)], time.Duration(i%1000)*time.Millisecond, false); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -86,6 +86,9 @@ type Config struct {
 	// namespace gets: disabled (opt-in per namespace or pod), or enabled (the whole mesh, with
 	// opt-out per namespace or pod).
 	DefaultInject annotations.InjectMode
+	// InboundCapture is which inbound connections go to the proxy when neither the pod nor its
+	// namespace sets detour.dev/inbound-capture: only where the app listens, or all.
+	InboundCapture annotations.InboundCaptureValue
 }
 
 // DefaultExcludeNamespaces are the namespaces never injected when the configuration sets no
@@ -176,6 +179,8 @@ type File struct {
 	ExcludeNamespaces *[]string `json:"excludeNamespaces,omitempty"`
 	// DefaultInject: "disabled" (the default) or "enabled".
 	DefaultInject string `json:"defaultInject,omitempty"`
+	// InboundCapture: "listening" (the default) or "all".
+	InboundCapture string `json:"inboundCapture,omitempty"`
 }
 
 // ProxyFile is the proxy section of [File].
@@ -627,6 +632,14 @@ func (f *File) completePolicies(c *Config, check func(error)) {
 		} else {
 			c.DefaultInject = m
 		}
+	}
+	c.InboundCapture = annotations.InboundListening
+	if f.InboundCapture != "" {
+		m, err := annotations.ParseInboundCapture("inboundCapture", f.InboundCapture)
+		if err != nil {
+			check(invalid("inboundCapture", strconv.Quote(f.InboundCapture), "use \"listening\" (inbound connections go to the proxy only where the app listens) or \"all\" (every inbound connection, for a proxy that serves ports itself)"))
+		}
+		c.InboundCapture = m
 	}
 	switch ConflictPolicy(f.ConflictPolicy) {
 	case "":

@@ -228,6 +228,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		ExemptGIDs:        ex.ids(ViaGID),
 		Sentinels:         slices.Clone(cfg.Validator.Probes),
 		CheckPort:         cfg.Validator.CheckPort,
+		InboundListening:  s.inboundCapture == annotations.InboundListening,
 	}
 	if n := len(r.SkipInboundPorts); n > annotations.MaxListItems {
 		return res, deny("%s (%s) and the proxy's admin ports make %d port ranges, more than %d; merge ports into ranges",
@@ -482,10 +483,12 @@ type settings struct {
 	// validatorMode is the pod's (or namespace's) detour.dev/validator-mode, if any.
 	validatorMode     annotations.ValidatorModeValue
 	validatorModeFrom string
+	inboundCapture    annotations.InboundCaptureValue
 }
 
 func (u userSettings) parse(cfg *Config) (settings, error) {
-	s := settings{initEgress: cfg.InitEgress, initEgressFrom: "the webhook configuration", mode: cfg.SidecarMode, modeFrom: "the webhook configuration"}
+	s := settings{initEgress: cfg.InitEgress, initEgressFrom: "the webhook configuration", mode: cfg.SidecarMode, modeFrom: "the webhook configuration",
+		inboundCapture: cfg.InboundCapture}
 	var err error
 	if v, from, ok := u.lookup(annotations.InitEgress); ok {
 		if s.initEgress, err = annotations.ParseInitEgress(v); err != nil {
@@ -522,6 +525,11 @@ func (u userSettings) parse(cfg *Config) (settings, error) {
 			return s, u.wrapError(annotations.ValidatorMode, err)
 		}
 		s.validatorMode, s.validatorModeFrom = m, from
+	}
+	if v, _, ok := u.lookup(annotations.InboundCapture); ok {
+		if s.inboundCapture, err = annotations.ParseInboundCapture(annotations.InboundCapture, v); err != nil {
+			return s, u.wrapError(annotations.InboundCapture, err)
+		}
 	}
 	return s, nil
 }

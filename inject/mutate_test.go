@@ -909,3 +909,47 @@ validator:
 		t.Error("the injected proxy shares its env with the configuration")
 	}
 }
+
+// Issue 33: the inbound capture the plugin installs comes from the pod's
+// detour.dev/inbound-capture, else its namespace's, else the configuration (listening by
+// default), and is always written, so that a pod without it is one injected before it existed.
+func TestMutateInboundCapture(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		config     string
+		pod, ns    map[string]string
+		want       string
+		wantDenial string
+	}{
+		{name: "default", want: "listening"},
+		{name: "configuration", config: "inboundCapture: all", want: "all"},
+		{name: "namespace", ns: map[string]string{annotations.InboundCapture: "all"}, want: "all"},
+		{name: "the pod wins", config: "inboundCapture: all", ns: map[string]string{annotations.InboundCapture: "all"}, pod: map[string]string{annotations.InboundCapture: " listening "}, want: "listening"},
+		{name: "bad value", pod: map[string]string{annotations.InboundCapture: "some"}, wantDenial: `annotation detour.dev/inbound-capture: "some" is not valid`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t, tc.config)
+			pod := newPod()
+			pod.Annotations = map[string]string{annotations.Inject: "enabled"}
+			for k, v := range tc.pod {
+				pod.Annotations[k] = v
+			}
+			_, err := Mutate(pod, Input{NamespaceAnnotations: tc.ns}, cfg)
+			if tc.wantDenial != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantDenial) {
+					t.Fatalf("Mutate = %v, want a denial containing %q", err, tc.wantDenial)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := pod.Annotations[annotations.RedirectInbound]; got != tc.want {
+				t.Errorf("%s = %q, want %q", annotations.RedirectInbound, got, tc.want)
+			}
+		})
+	}
+	if _, err := ParseConfig([]byte("proxy: {image: p}\ninboundCapture: some")); err == nil || !strings.Contains(err.Error(), `inboundCapture: "some" is not valid`) {
+		t.Errorf("ParseConfig with inboundCapture: some = %v, want the field named", err)
+	}
+}

@@ -50,6 +50,11 @@ type Config struct {
 	// Family. They are redirected ahead of the skip lists, so the validator passes whenever the
 	// rules are installed, whatever the pod's skip lists say.
 	Sentinels []netip.AddrPort
+	// InboundListening redirects an inbound connection to the proxy only where a socket of the
+	// pod listens on its destination address and port (the kernel's own socket lookup: a
+	// wildcard listener, or one on that address), so that a client or a kubelet probe meets
+	// what the app does; false redirects every inbound connection, as detour did before it.
+	InboundListening bool
 	// CheckPort is where the proxy UID's connections to the sentinels are redirected: the check
 	// at the proxy's start listens there. 0 (a pod injected before detour wrote
 	// detour.dev/validator-check-port) sends them to OutboundPort, as detour did then.
@@ -70,6 +75,7 @@ func ConfigFromRedirect(r annotations.Redirect, f Family) Config {
 		ExemptGIDs:        r.ExemptGIDs,
 		Sentinels:         r.Sentinels,
 		CheckPort:         r.CheckPort,
+		InboundListening:  r.InboundListening,
 	}
 }
 
@@ -116,11 +122,20 @@ func Build(c Config) (Ruleset, error) {
 	rs := Ruleset{Family: c.Family, Hooks: hooks(), Config: c}
 	add := func(chain, spec string) { rs.Rules = append(rs.Rules, Rule{chain, spec}) }
 
-	// Inbound: everything TCP that arrives goes to the proxy, except the skipped ports.
+	// Inbound: TCP that arrives goes to the proxy, except the skipped ports — with
+	// InboundListening only where a socket of the pod listens on the destination (xt_socket
+	// with --nowildcard: a listener on the wildcard address or on that address; without it,
+	// xt_socket ignores wildcard listeners). Anything else passes untouched, and the kernel
+	// answers as it would without a mesh: refused where nothing listens, a port bound to
+	// 127.0.0.1 unreachable from outside.
 	for _, ports := range multiport(c.SkipInboundPorts) {
 		add(InboundChain, "-p tcp -m multiport --dports "+ports+comment("skip-inbound-ports")+" -j RETURN")
 	}
-	add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
+	if c.InboundListening {
+		add(InboundChain, "-p tcp -m socket --nowildcard"+comment("redirect-inbound-listening")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
+	} else {
+		add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
+	}
 
 	// Outbound: the validator's probes first, ahead of every RETURN (a skip list that covers
 	// them, port 80 or 0.0.0.0/0, must not make the validator fail for ever). The proxy UID's

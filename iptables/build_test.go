@@ -46,6 +46,13 @@ func fullConfig(f Family) Config {
 	}
 }
 
+// listeningConfig is fullConfig with inbound connections redirected only where the pod listens.
+func listeningConfig(f Family) Config {
+	c := fullConfig(f)
+	c.InboundListening = true
+	return c
+}
+
 // beforeCheckPort is c as the annotations of a pod injected before detour wrote
 // detour.dev/validator-check-port give it.
 func beforeCheckPort(c Config) Config {
@@ -64,6 +71,7 @@ func TestBuildGolden(t *testing.T) {
 		// A pod injected before the check port: the rules of the release that injected it, byte
 		// for byte (the golden file is that release's full-ipv4.golden).
 		{"full-ipv4-no-check-port", beforeCheckPort(fullConfig(IPv4))},
+		{"inbound-listening-ipv4", listeningConfig(IPv4)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := Build(tc.cfg)
@@ -220,6 +228,7 @@ func TestBuildNFTGolden(t *testing.T) {
 		{"nftables-minimal-ipv4", []Config{{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}}},
 		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
 		{"nftables-full-dual-no-check-port", []Config{beforeCheckPort(fullConfig(IPv4)), beforeCheckPort(fullConfig(IPv6))}},
+		{"nftables-inbound-listening", []Config{listeningConfig(IPv4), listeningConfig(IPv6)}},
 		{"nftables-skip-all", []Config{{
 			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
 			SkipOutboundPorts: ports("80"),

@@ -110,7 +110,15 @@ func nftFamilyChains(c Config) (in, out NFTChain) {
 	for _, r := range c.SkipInboundPorts {
 		add(&in, "skip-inbound-ports", l4tcp(), dport(r.First, r.Last), verdict(expr.VerdictReturn))
 	}
-	add(&in, "redirect-inbound", l4tcp(), redirect(c.InboundPort))
+	if c.InboundListening {
+		// The socket lookup finds the listener the packet would reach, if any; its wildcard
+		// key is 1 for one on the wildcard address and 0 for one on the packet's own: each
+		// rule matches one kind, together every listener (none found: no match).
+		add(&in, "redirect-inbound-listening", l4tcp(), socketWildcard(1), redirect(c.InboundPort))
+		add(&in, "redirect-inbound-listening", l4tcp(), socketWildcard(0), redirect(c.InboundPort))
+	} else {
+		add(&in, "redirect-inbound", l4tcp(), redirect(c.InboundPort))
+	}
 
 	// The same order as Build's (see there): the sentinels first, the proxy UID's to the check
 	// port.
@@ -184,6 +192,15 @@ func owner(key expr.MetaKey, id uint32) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: key, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(id)},
+	}
+}
+
+// socketWildcard matches a packet for which the kernel finds a socket (a listener, for a
+// connection's first packet) bound to the wildcard address (1) or to a specific one (0).
+func socketWildcard(v byte) []expr.Any {
+	return []expr.Any{
+		&expr.Socket{Key: expr.SocketKeyWildcard, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{v}},
 	}
 }
 
@@ -308,6 +325,11 @@ func exprsText(exprs []expr.Any) string {
 		case *expr.Payload:
 			if name := payloadName(e); name != "" && e.OperationType == expr.PayloadLoad {
 				load = name
+				continue
+			}
+		case *expr.Socket:
+			if e.Key == expr.SocketKeyWildcard && e.Register == 1 && e.Level == 0 {
+				load = "socket wildcard"
 				continue
 			}
 		case *expr.Bitwise:
@@ -445,6 +467,10 @@ func value(load string, data []byte) (string, bool) {
 	case "oifname":
 		if len(data) == unix.IFNAMSIZ && bytes.IndexByte(data, 0) > 0 && bytes.Count(data[bytes.IndexByte(data, 0):], []byte{0}) == len(data)-bytes.IndexByte(data, 0) {
 			return `oifname "` + string(data[:bytes.IndexByte(data, 0)]) + `"`, true
+		}
+	case "socket wildcard":
+		if len(data) == 1 && data[0] <= 1 {
+			return "socket wildcard " + strconv.Itoa(int(data[0])), true
 		}
 	case "tcp dport":
 		if len(data) == 2 {

@@ -22,6 +22,7 @@ func TestIntegrationNFTablesReadBackGolden(t *testing.T) {
 	}{
 		{"nftables-minimal-ipv4", []Config{{Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}}},
 		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
+		{"nftables-inbound-listening", []Config{listeningConfig(IPv4), listeningConfig(IPv6)}},
 		{"nftables-skip-all", []Config{{
 			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
 			SkipOutboundPorts: ports("80"),

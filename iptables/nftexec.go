@@ -8,7 +8,6 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
-	"github.com/google/nftables/userdata"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 )
@@ -139,13 +138,8 @@ func nftRead() (NFTRuleset, error) {
 		if ch.Priority != nil {
 			live.Priority = int32(*ch.Priority)
 		}
-		rules, err := c.GetRules(ch.Table, ch)
-		if err != nil {
-			return NFTRuleset{}, fmt.Errorf("list the rules of chain %s of table inet %s: %w", ch.Name, NFTTable, err)
-		}
-		for _, r := range rules {
-			comment, _ := userdata.GetString(r.UserData, userdata.TypeComment)
-			live.Rules = append(live.Rules, NFTRule{Comment: comment, Exprs: r.Exprs})
+		if live.Rules, err = nftReadRules(ch.Name); err != nil {
+			return NFTRuleset{}, fmt.Errorf("%w of table inet %s", err, NFTTable)
 		}
 		rs.Chains = append(rs.Chains, live)
 	}

@@ -133,6 +133,8 @@ var (
 		"When the plugin's token expires (Unix time), when the agent requests one for the plugin's service account.", nil, nil)
 	descAdd = prometheus.NewDesc("detour_cni_add_duration_seconds",
 		"Duration of detour-cni's ADDs on this node, by result: redirected, skipped (not injected, excluded namespace), failed (the pod's sandbox failed). Counted by the plugin in its state directory since the node's boot.", []string{"result"}, nil)
+	descInboundFallbacks = prometheus.NewDesc("detour_cni_inbound_fallbacks_total",
+		"Pods on this node (since its boot) that asked for inbound connections to their listening ports only (detour.dev/redirect-inbound: listening) and got every inbound connection redirected: the kernel has no socket lookup (xt_socket, nft_socket).", nil, nil)
 )
 
 // collector exposes the agent's status and the plugin's ADD counts at scrape time.
@@ -148,6 +150,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	if c.statsFile != "" {
 		ch <- descAdd
+		ch <- descInboundFallbacks
 		c.statsFails.Describe(ch)
 	}
 }
@@ -191,6 +194,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstHistogram(descAdd, h.Count, h.SumSeconds, buckets, result)
 	}
+	ch <- prometheus.MustNewConstMetric(descInboundFallbacks, prometheus.CounterValue, float64(stats.InboundFallbacks))
 }
 
 func boolValue(b bool) float64 {

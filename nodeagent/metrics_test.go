@@ -177,16 +177,22 @@ func TestAgentMetricsPluginAdds(t *testing.T) {
 	}
 	wantMetric(t, reg, "detour_cni_add_duration_seconds", map[string]string{"result": cniplugin.AddFailed}, 0)
 	for range 3 {
-		if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond); err != nil {
+		if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond, false); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := cniplugin.RecordAdd(state, cniplugin.AddFailed, time.Second); err != nil {
+	if err := cniplugin.RecordAdd(state, cniplugin.AddFailed, time.Second, false); err != nil {
 		t.Fatal(err)
 	}
 	wantMetric(t, reg, "detour_cni_add_duration_seconds", map[string]string{"result": cniplugin.AddRedirected}, 3)
 	wantMetric(t, reg, "detour_cni_add_duration_seconds", map[string]string{"result": cniplugin.AddFailed}, 1)
 	wantMetric(t, reg, "detour_cni_add_duration_seconds", map[string]string{"result": cniplugin.AddSkipped}, 0)
+	// Issue 33: a pod whose kernel had no socket lookup is counted, so the node's fallback shows.
+	wantMetric(t, reg, "detour_cni_inbound_fallbacks_total", nil, 0)
+	if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond, true); err != nil {
+		t.Fatal(err)
+	}
+	wantMetric(t, reg, "detour_cni_inbound_fallbacks_total", nil, 1)
 
 	writeFile(t, stats, "not json")
 	wantMetric(t, reg, "detour_cni_add_stats_read_errors_total", nil, 1)
@@ -204,7 +210,7 @@ func TestAgentMetricsPluginAdds(t *testing.T) {
 func TestAgentMetricsPluginAddsLockHeld(t *testing.T) {
 	e := newEnv(t)
 	state := t.TempDir()
-	if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond); err != nil {
+	if err := cniplugin.RecordAdd(state, cniplugin.AddRedirected, 20*time.Millisecond, false); err != nil {
 		t.Fatal(err)
 	}
 	stats := filepath.Join(state, cniplugin.StatsFileName)

@@ -109,6 +109,11 @@ func (c *checker) ok(format string, args ...any) {
 	fmt.Fprintf(c.out, "✓ %s\n", fmt.Sprintf(format, args...))
 }
 
+// warn reports what degrades detour without failing it (‼); it does not fail the check.
+func (c *checker) warn(format string, args ...any) {
+	fmt.Fprintf(c.out, "‼ %s\n", fmt.Sprintf(format, args...))
+}
+
 func (c *checker) fail(format string, args ...any) {
 	c.failed++
 	fmt.Fprintf(c.out, "✗ %s\n", fmt.Sprintf(format, args...))
@@ -126,6 +131,14 @@ func (c *checker) iptables() {
 		default:
 			c.ok("%s: iptables-save and iptables-restore found", f)
 		}
+	}
+	switch err := c.exec.InboundLookupUsable(context.Background()); {
+	case err == nil:
+		c.ok("inbound: the kernel's socket lookup works: pods with detour.dev/redirect-inbound: listening get inbound connections redirected only where they listen")
+	case os.Geteuid() != 0:
+		c.warn("inbound: cannot tell whether the kernel does socket lookups (it takes root to try in a scratch network namespace): %v", err)
+	default:
+		c.warn("inbound: %v; detour-cni falls back to redirecting every inbound connection (as detour.dev/inbound-capture: all) and counts it in detour_cni_inbound_fallbacks_total: load xt_socket (iptables backends) or nft_socket (nftables)", err)
 	}
 }
 

@@ -135,12 +135,23 @@ func (d *demo) playNode(ctx context.Context) error {
 	default:
 		d.n.Fail("app %s (%s): connection to %s was not captured, the remote answered %q", web.Name, webID, target, out)
 	}
+	// The app listens on its port; the plugin redirects inbound connections to the proxy only
+	// where a socket of the pod listens (detour.dev/redirect-inbound: listening).
+	if err := d.standInApp(sandbox); err != nil {
+		return err
+	}
 	inbound := netip.AddrPortFrom(ip, appPort)
 	out, err = d.child(ctx, nd.remote, netlab.Identity{}, "connect", inbound.String())
 	if err == nil && strings.HasPrefix(out, "proxy") {
-		d.n.OK("a client in the remote namespace connected to the pod's port %d and reached the proxy's inbound listener: %s", appPort, <-proxyEvents)
+		d.n.OK("a client in the remote namespace connected to the app's port %d and reached the proxy's inbound listener: %s", appPort, <-proxyEvents)
 	} else {
 		d.n.Fail("inbound connection to %s: %q, %v", inbound, out, err)
+	}
+	closed := netip.AddrPortFrom(ip, appPort+1)
+	if out, err = d.child(ctx, nd.remote, netlab.Identity{}, "connect", closed.String()); err != nil && strings.Contains(err.Error(), "refused") {
+		d.n.OK("a connection to port %d, where nothing in the pod listens, was refused, as without a mesh: the proxy gets only what the app serves", appPort+1)
+	} else {
+		d.n.Fail("inbound connection to %s, where nothing listens: %q, %v; want refused", closed, out, err)
 	}
 
 	d.withoutExemptions(ctx, nd, fetchURL)
@@ -402,6 +413,21 @@ func (d *demo) standInProxy(sandbox *netlab.NetNS, r annotations.Redirect) (<-ch
 		}()
 	}
 	return events, nil
+}
+
+// standInApp listens on the app's port in the pod, as the app would; the connections it would
+// get go to the proxy instead, so it never answers.
+func (d *demo) standInApp(sandbox *netlab.NetNS) error {
+	var ln net.Listener
+	if err := sandbox.Do(func() (err error) {
+		ln, err = net.Listen("tcp4", fmt.Sprintf("0.0.0.0:%d", appPort))
+		return err
+	}); err != nil {
+		return fmt.Errorf("stand-in app: %w", err)
+	}
+	d.onCleanup(func() { ln.Close() })
+	d.n.OK("stand-in app listening in the pod on :%d", appPort)
+	return nil
 }
 
 // withoutExemptions shows the seed-003 failure: the same pod with detour.dev/init-egress: none

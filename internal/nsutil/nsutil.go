@@ -46,6 +46,36 @@ func Do(path string, fn func() error) (err error) {
 	return fn()
 }
 
+// Scratch runs fn with the calling goroutine's thread in a new, empty network namespace, which
+// the kernel removes once fn has returned (nothing else holds it); path names it for code that
+// enters namespaces by path ([Do]). It needs CAP_SYS_ADMIN. fn must not start goroutines that
+// depend on the namespace.
+func Scratch(fn func(path string) error) (err error) {
+	runtime.LockOSThread()
+	origin, err := netns.Get()
+	if err != nil {
+		runtime.UnlockOSThread()
+		return fmt.Errorf("open the current network namespace: %w", err)
+	}
+	defer origin.Close()
+	scratch, err := netns.New() // unshare(CLONE_NEWNET): this thread is in it now
+	if err != nil {
+		if setErr := netns.Set(origin); setErr == nil {
+			runtime.UnlockOSThread()
+		}
+		return fmt.Errorf("create a scratch network namespace: %w", err)
+	}
+	defer scratch.Close()
+	defer func() {
+		if setErr := netns.Set(origin); setErr != nil {
+			err = fmt.Errorf("return from the scratch network namespace: %w (after: %v)", setErr, err)
+			return // the thread stays locked: the runtime discards it
+		}
+		runtime.UnlockOSThread()
+	}()
+	return fn(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()))
+}
+
 // OwnUserNamespace reports whether the network namespace at path belongs to a user namespace
 // other than the caller's — a pod with hostUsers: false — where the kernel refuses iptables'
 // owner matches written from outside. It says no when it cannot tell.

@@ -47,5 +47,5 @@ to detour's own image. */}}
 {{/* The annotation keys only the webhook writes (annotations.WebhookKeys; a test keeps them
 equal), quoted for CEL. */}}
 {{- define "detour.webhookKeys" -}}
-'detour.dev/injected', 'detour.dev/proxy-uid', 'detour.dev/proxy-inbound-port', 'detour.dev/proxy-outbound-port', 'detour.dev/redirect-skip-inbound-ports', 'detour.dev/redirect-skip-outbound-ports', 'detour.dev/redirect-skip-outbound-cidrs', 'detour.dev/exempt-uids', 'detour.dev/exempt-gids', 'detour.dev/validator-sentinels', 'detour.dev/validator-check-port', 'detour.dev/init-egress-status', 'detour.dev/validator'
+'detour.dev/injected', 'detour.dev/proxy-uid', 'detour.dev/proxy-inbound-port', 'detour.dev/proxy-outbound-port', 'detour.dev/redirect-skip-inbound-ports', 'detour.dev/redirect-skip-outbound-ports', 'detour.dev/redirect-skip-outbound-cidrs', 'detour.dev/exempt-uids', 'detour.dev/exempt-gids', 'detour.dev/validator-sentinels', 'detour.dev/validator-check-port', 'detour.dev/redirect-inbound', 'detour.dev/init-egress-status', 'detour.dev/validator'
 {{- end }}

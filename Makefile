@@ -76,6 +76,7 @@ bench-iptables:
 	go test ./iptables -run '^$$' -bench Apply -benchtime 30x -count 1
 	go test ./iptables -run '^$$' -bench NatTableExists -count 1
 	go test ./iptables -run '^$$' -bench CheckNFTables -count 1
+	go test ./iptables -run '^$$' -bench InboundConnection -benchtime 3000x -count 3
 
 clean:
 	rm -rf $(BIN)

@@ -1,7 +1,11 @@
 package iptables_test
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"net"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -118,4 +122,82 @@ func BenchmarkBuildNFT(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkInboundConnection measures what the inbound rule costs each connection: a client in
+// another namespace connects to the app's port of a pod, the redirect delivers the connection to
+// the proxy's inbound listener, which answers one line; connect, read and close are timed. Two
+// pods on one link, one whose rules redirect every inbound connection (all) and one that
+// redirects only where a socket listens (listening: one socket-table lookup per connection's
+// first packet), are dialled in turn, so that both see the same load. It reports, for each,
+// connections per second and the median and p99 latency in µs.
+func BenchmarkInboundConnection(b *testing.B) {
+	testenv.Privileged(b)
+	for _, backend := range []iptables.Backend{iptables.BackendNFTables, iptables.BackendLegacy} {
+		b.Run(string(backend), func(b *testing.B) {
+			remote := testenv.NewNetNS(b)
+			var addrs []string
+			for i, listening := range []bool{false, true} {
+				pod := testenv.NewNetNS(b)
+				podIP, remoteIP := fmt.Sprintf("10.79.%d.2", i), fmt.Sprintf("10.79.%d.1", i)
+				testenv.Link(b, pod, "eth0", []netip.Prefix{netip.MustParsePrefix(podIP + "/24")},
+					remote, fmt.Sprintf("eth%d", i), []netip.Prefix{netip.MustParsePrefix(remoteIP + "/24")})
+				c := benchConfig(iptables.IPv4)
+				c.InboundListening = listening
+				rs, err := iptables.Build(c)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := iptables.NewExecutor(iptables.WithBackend(backend)).Apply(context.Background(), pod.Path, rs); err != nil {
+					b.Fatal(err)
+				}
+				testenv.Serve(b, pod, "inbound", "tcp4", "0.0.0.0:4143")
+				testenv.Serve(b, pod, "app", "tcp4", "0.0.0.0:8080")
+				addrs = append(addrs, podIP+":8080")
+			}
+			latencies := dialLoop(b, remote, addrs)
+			for i, name := range []string{"all", "listening"} {
+				d := latencies[i]
+				slices.Sort(d)
+				var total time.Duration
+				for _, x := range d {
+					total += x
+				}
+				b.ReportMetric(float64(len(d))/total.Seconds(), name+"-conn/s")
+				b.ReportMetric(float64(d[len(d)/2].Microseconds()), name+"-p50-µs")
+				b.ReportMetric(float64(d[len(d)*99/100].Microseconds()), name+"-p99-µs")
+			}
+		})
+	}
+}
+
+// dialLoop connects b.N times to each of addrs in turn from a thread in ns, reading the
+// answer's line each time, and returns each connection's duration, per address.
+func dialLoop(b *testing.B, ns *testenv.NetNS, addrs []string) [][]time.Duration {
+	b.Helper()
+	out := make([][]time.Duration, len(addrs))
+	err := ns.Do(func() error {
+		b.ResetTimer()
+		for range b.N {
+			for i, addr := range addrs {
+				start := time.Now()
+				c, err := net.Dial("tcp4", addr)
+				if err != nil {
+					return err
+				}
+				if _, err := bufio.NewReader(c).ReadString('\n'); err != nil {
+					c.Close()
+					return err
+				}
+				c.Close()
+				out[i] = append(out[i], time.Since(start))
+			}
+		}
+		b.StopTimer()
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return out
 }

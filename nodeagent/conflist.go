@@ -358,3 +358,17 @@ func ConvertConf(conf []byte) ([]byte, error) {
 		{"plugins", json.RawMessage("[" + compact.String() + "]")},
 	})
 }
+
+// hasEntry reports whether a conflist holds any detour entry.
+func hasEntry(conflist []byte) bool {
+	plugins, err := splitPlugins(conflist)
+	if err != nil {
+		return false
+	}
+	for _, p := range plugins {
+		if isEntry(p) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,18 +1,12 @@
 package nodeagent
 
 import (
-	"bytes"
-	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/version"
-
-	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // Mode is how detour's plugin configuration reaches the runtime.
@@ -44,11 +38,6 @@ func ReadModeFile(dir string) (Mode, string) {
 	mode, reason, _ := strings.Cut(strings.TrimSpace(string(data)), "\n")
 	return Mode(mode), reason
 }
-
-// DropInName is the file name of detour's drop-in in <conf dir>/<network name>/. libcni loads
-// the directory's *.conf files in lexical order after the inlined plugins; "zz-" puts detour's
-// after the others.
-const DropInName = "zz-detour-cni.conf"
 
 // Minimum runtime versions that load <conf dir>/<network name>/*.conf drop-ins (through libcni
 // 1.2+, ConfListFromFile).
@@ -113,71 +102,4 @@ func ChooseMode(configured Mode, runtime string, conflist, inlinedOnly, dropInTh
 		return ModeDropIn, "cniConfigMode is auto and " + why
 	}
 	return ModeChainedEntry, "cniConfigMode is auto and " + why
-}
-
-// dropInFiles returns every drop-in of detour's under dir: each *.conf file, in any of dir's
-// subdirectories, whose type is detour-cni.
-func dropInFiles(dir string) ([]string, error) {
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("list %s: %w", dir, err)
-	}
-	var found []string
-	for _, e := range entries {
-		if !e.IsDir() {
-			continue
-		}
-		sub := filepath.Join(dir, e.Name())
-		files, err := os.ReadDir(sub)
-		if err != nil {
-			return nil, fmt.Errorf("list %s: %w", sub, err)
-		}
-		for _, f := range files {
-			if f.IsDir() || filepath.Ext(f.Name()) != ".conf" {
-				continue
-			}
-			path := filepath.Join(sub, f.Name())
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return nil, fmt.Errorf("read %s: %w", path, err)
-			}
-			if isEntry(data) {
-				found = append(found, path)
-			}
-		}
-	}
-	return found, nil
-}
-
-// formatDropIn is the drop-in's content: detour's entry, indented.
-func formatDropIn(entry []byte) ([]byte, error) {
-	var out bytes.Buffer
-	if err := json.Indent(&out, entry, "", "  "); err != nil {
-		return nil, fmt.Errorf("format detour's drop-in: %w", err)
-	}
-	out.WriteByte('\n')
-	return out.Bytes(), nil
-}
-
-// pokeRuntime makes a runtime that watches dir (containerd watches the conf dir, not its
-// subdirectories) reload its CNI configuration: it writes and removes a temporary file there.
-// containerd reloads on a write, a rename or a removal in the directory, whatever the file;
-// the temporary file has no CNI extension, so no one loads it.
-func pokeRuntime(dir string) error {
-	f, err := os.CreateTemp(dir, fsutil.TempPrefix+"reload-")
-	if err != nil {
-		return fmt.Errorf("make the runtime reload its CNI configuration: %w", err)
-	}
-	_, werr := f.Write([]byte("reload\n"))
-	cerr := f.Close()
-	if err := os.Remove(f.Name()); err != nil {
-		return fmt.Errorf("make the runtime reload its CNI configuration: %w", err)
-	}
-	if err := errors.Join(werr, cerr); err != nil {
-		return fmt.Errorf("make the runtime reload its CNI configuration: %w", err)
-	}
-	return nil
 }

@@ -413,29 +413,6 @@ func checkPluginDir(dir string, list *libcni.NetworkConfigList, mode Mode) error
 	return fmt.Errorf("network %q also loads plugins from %s, which the runtime runs after detour's entry: move them into the conflist's \"plugins\", set \"loadOnlyInlinedPlugins\": true, or use cniConfigMode drop-in", list.Name, pluginDir)
 }
 
-// runtimeVersion returns the node's container runtime and version
-// (status.nodeInfo.containerRuntimeVersion), read at most every runtimeRecheck: a runtime
-// upgraded in place changes the mode auto picks. It returns the last one read when the API
-// fails, and "" without a node client.
-func (a *Agent) runtimeVersion(ctx context.Context) string {
-	if a.node == nil || a.cfg.Mode != ModeAuto {
-		return a.runtime
-	}
-	if !a.runtimeAt.IsZero() && a.now().Sub(a.runtimeAt) < runtimeRecheck {
-		return a.runtime
-	}
-	v, err := a.node.runtime(ctx)
-	if err != nil {
-		a.log.Warn("cannot read the node's container runtime; keeping the last one", "runtime", a.runtime, "err", err)
-		return a.runtime
-	}
-	a.runtime, a.runtimeAt = v, a.now()
-	return v
-}
-
-// runtimeRecheck is how often the agent reads the node's container runtime again.
-const runtimeRecheck = 5 * time.Minute
-
 // editable returns the file to edit for the configuration at path: path itself or, when it is
 // a symlink, the file it leads to. The primary keeps updating that file; replacing the link with
 // a file of the agent's would make the runtime ignore those updates for good. A link whose

@@ -1,10 +1,12 @@
 package nodeagent
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/version"
 )
@@ -103,3 +105,26 @@ func ChooseMode(configured Mode, runtime string, conflist, inlinedOnly, dropInTh
 	}
 	return ModeChainedEntry, "cniConfigMode is auto and " + why
 }
+
+// runtimeVersion returns the node's container runtime and version
+// (status.nodeInfo.containerRuntimeVersion), read at most every runtimeRecheck: a runtime
+// upgraded in place changes the mode auto picks. It returns the last one read when the API
+// fails, and "" without a node client.
+func (a *Agent) runtimeVersion(ctx context.Context) string {
+	if a.node == nil || a.cfg.Mode != ModeAuto {
+		return a.runtime
+	}
+	if !a.runtimeAt.IsZero() && a.now().Sub(a.runtimeAt) < runtimeRecheck {
+		return a.runtime
+	}
+	v, err := a.node.runtime(ctx)
+	if err != nil {
+		a.log.Warn("cannot read the node's container runtime; keeping the last one", "runtime", a.runtime, "err", err)
+		return a.runtime
+	}
+	a.runtime, a.runtimeAt = v, a.now()
+	return v
+}
+
+// runtimeRecheck is how often the agent reads the node's container runtime again.
+const runtimeRecheck = 5 * time.Minute

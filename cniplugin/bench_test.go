@@ -15,7 +15,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // BenchmarkChain drives a conflist through libcni, as containerd does, on fresh sandboxes: the

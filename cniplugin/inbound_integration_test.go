@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // Issue 33: with detour.dev/redirect-inbound: listening, an inbound connection goes to the proxy

@@ -21,8 +21,8 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -12,8 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/internal/version"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

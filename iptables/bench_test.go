@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func benchConfig(f iptables.Family) iptables.Config {

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/ from the current output")

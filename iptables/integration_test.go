@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/detourmesh/detour/internal/origdst"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // maxForwarded caps the forwarder's accepts: a loop reaches it at once.

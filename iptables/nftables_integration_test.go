@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // The nftables backend installs the same redirect as the iptables tools, over netlink only: the

@@ -4,7 +4,7 @@ import (
 	"context"
 	"testing"
 
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // natTableExists sees exactly the tables the tools create, per backend and family.

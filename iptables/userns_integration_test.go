@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/detourmesh/detour/internal/nsutil"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 	"github.com/vishvananda/netlink"
 )
 

@@ -14,9 +14,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/nodeagent"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/test/testenv"
 	"github.com/detourmesh/detour/webhook"
 )
 

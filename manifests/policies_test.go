@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // The chart's ValidatingAdmissionPolicies, in the real API server: the webhook-written

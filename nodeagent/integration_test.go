@@ -20,8 +20,8 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/cli"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -21,8 +21,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // daemonSetPod creates, in the real API server, a DaemonSet and a pod of it on node (no

@@ -25,8 +25,8 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // rbacFixture is a namespace on the local API server laid out as the chart lays it out: the

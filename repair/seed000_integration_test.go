@@ -25,10 +25,10 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/cli"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/nodeagent"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/test/testenv"
 	"github.com/detourmesh/detour/validator"
 )
 

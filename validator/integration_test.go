@@ -21,8 +21,8 @@ import (
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/cli"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 	"github.com/detourmesh/detour/validator"
 )
 

@@ -11,9 +11,9 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/manifest"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 var updateGolden = flag.Bool("update", false, "rewrite the golden files in testdata/workloads/golden from the current output")

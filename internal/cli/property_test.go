@@ -18,8 +18,8 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // The property test of injection (issue 10): random pods — container and pod security contexts

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/detourmesh/detour/internal/e2e/upstream"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // TestE2EFlannel runs the cluster stories against a primary CNI that nobody here wrote

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // TestIntegrationHolder checks the holder's promises without a node: the processes it starts

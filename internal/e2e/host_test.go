@@ -22,7 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/internal/e2e/images"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // untidyHostEnv makes the test binary, started by TestIntegrationNodeOnAnUntidyHost in a mount

@@ -15,7 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/internal/e2e/preflight"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // nodeBinaries are the binaries a node needs from hack/test-binaries.sh.

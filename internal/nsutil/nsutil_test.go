@@ -6,7 +6,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/detourmesh/detour/internal/nsutil"
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -21,7 +21,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
-	"github.com/detourmesh/detour/internal/testenv"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/detourmesh/detour/inject"
-	"github.com/detourmesh/detour/internal/testenv"
 	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
 )
 
 // TestIntegrationTestProxy runs the built testproxy and workload binaries in a pod-like network

@@ -9,9 +9,9 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/detourmesh/detour/internal/e2e/images"
 	"github.com/detourmesh/detour/internal/e2e/upstream"
 	"github.com/detourmesh/detour/internal/image"
+	"github.com/detourmesh/detour/test/images"
 )
 
 // artifacts are what the e2e installs: detour's image, built the way `make image` builds it,

@@ -23,7 +23,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/e2e/images"
+	"github.com/detourmesh/detour/test/images"
 )
 
 // useRegistry moves the e2e to the cluster's registry, starting it on first use: the test

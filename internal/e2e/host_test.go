@@ -21,7 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/detourmesh/detour/internal/e2e/images"
+	"github.com/detourmesh/detour/test/images"
 	"github.com/detourmesh/detour/test/testenv"
 )
 

@@ -19,7 +19,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
-	"github.com/detourmesh/detour/internal/e2e/images"
+	"github.com/detourmesh/detour/test/images"
 	"github.com/detourmesh/detour/validator"
 )
 

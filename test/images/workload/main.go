@@ -7,6 +7,6 @@
 // fails (or the command line is wrong).
 package main
 
-import "github.com/detourmesh/detour/internal/e2e/testprog"
+import "github.com/detourmesh/detour/test/images/testprog"
 
 func main() { testprog.Main("workload", testprog.Workload) }

@@ -6,6 +6,6 @@
 //	testproxy -outbound :4140 -inbound :4143 -admin :4191
 package main
 
-import "github.com/detourmesh/detour/internal/e2e/testprog"
+import "github.com/detourmesh/detour/test/images/testprog"
 
 func main() { testprog.Main("testproxy", testprog.RunProxy) }

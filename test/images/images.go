@@ -17,7 +17,7 @@ import (
 // module is the module the test programs belong to.
 const module = "github.com/detourmesh/detour"
 
-// The test programs, built from internal/e2e/<name>.
+// The test programs, built from test/images/<name>.
 const (
 	pauseProg    = "pause"
 	proxyProg    = "testproxy"
@@ -140,7 +140,7 @@ func buildPrograms(ctx context.Context, binDir string) error {
 	}
 	args := []string{"build", "-trimpath", "-ldflags", "-s -w", "-o", binDir + string(filepath.Separator)}
 	for _, p := range []string{pauseProg, proxyProg, workloadProg} {
-		args = append(args, "./internal/e2e/"+p)
+		args = append(args, "./test/images/"+p)
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root

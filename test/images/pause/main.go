@@ -9,7 +9,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/detourmesh/detour/internal/e2e/testprog"
+	"github.com/detourmesh/detour/test/images/testprog"
 )
 
 func main() {

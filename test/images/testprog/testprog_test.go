@@ -222,7 +222,7 @@ func TestProxyDefaultPorts(t *testing.T) {
 
 // Without a redirect there is no original destination to go to: the proxy answers /ready,
 // and refuses connections made to its ports directly instead of looping back to itself. The
-// redirect path is TestIntegrationTestProxy in internal/e2e/images.
+// redirect path is TestIntegrationTestProxy in test/images.
 func TestProxyReadyAndDirectConnections(t *testing.T) {
 	out := &syncBuffer{}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,5 +1,5 @@
 // Command preflight checks, before the long builds, that this machine can run the real node of
-// the end-to-end tests (internal/e2e/preflight): it prints one line per missing thing and
+// the end-to-end tests (test/e2e/preflight): it prints one line per missing thing and
 // exits 1, or exits 0 silently. hack/test.sh runs it when the e2e tests are required (CI).
 package main
 
@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/detourmesh/detour/internal/e2e/preflight"
+	"github.com/detourmesh/detour/test/e2e/preflight"
 )
 
 func main() {

@@ -9,8 +9,8 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
-	"github.com/detourmesh/detour/internal/e2e/upstream"
 	"github.com/detourmesh/detour/internal/image"
+	"github.com/detourmesh/detour/test/e2e/upstream"
 	"github.com/detourmesh/detour/test/images"
 )
 

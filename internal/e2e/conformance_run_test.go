@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/e2e/upstream"
+	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
 // TestConformance is `make conformance` (docs/conformance.md): Kubernetes' own network tests

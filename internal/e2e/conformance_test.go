@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/detourmesh/detour/internal/e2e/upstream"
+	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
 // conformanceSmoke runs a few of Kubernetes' own conformance tests (upstream.Smoke) with

@@ -16,7 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/detourmesh/detour/internal/e2e/upstream"
+	"github.com/detourmesh/detour/test/e2e/upstream"
 	"github.com/detourmesh/detour/test/testenv"
 )
 

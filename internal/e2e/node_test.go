@@ -14,7 +14,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/detourmesh/detour/internal/e2e/preflight"
+	"github.com/detourmesh/detour/test/e2e/preflight"
 	"github.com/detourmesh/detour/test/testenv"
 )
 

@@ -20,18 +20,18 @@ build:
 test:
 	bash hack/test.sh
 
-# The real node alone (internal/e2e, also part of `make test`): etcd, kube-apiserver, the
+# The real node alone (test/e2e, also part of `make test`): etcd, kube-apiserver, the
 # scheduler, the controller manager, containerd, runc and the kubelet from their Go modules,
 # detour installed from its own image and chart, the user stories on real pods.
 e2e:
-	bash hack/test.sh ./internal/e2e
+	bash hack/test.sh ./test/e2e/...
 
 # The cluster stories in full (issue 22; not in CI, for its time on a fresh machine): the
 # bridge cluster's three-node stories (per-node scoping, rewrites on every node, drain, seed
 # 000's scale-out, removal) and the flannel cluster's, each cluster its own. `make e2e` runs
 # their cross-node smoke. It builds flannel besides the other test binaries.
 e2e-cluster:
-	DETOUR_BINARIES=cluster GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags cluster -run 'TestE2ECluster|TestE2EFlannel' ./internal/e2e
+	DETOUR_BINARIES=cluster GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags cluster -run 'TestE2ECluster|TestE2EFlannel' ./test/e2e
 
 # The reliability soak on the real node (docs/reliability.md): Deployments in waves of 20 pods,
 # Jobs and bare pods while faults hit the node (agent deleted, containerd, kubelet and
@@ -40,14 +40,14 @@ e2e-cluster:
 # a fault schedule.
 SOAK_DURATION ?= 10m
 soak:
-	SOAK_DURATION=$(SOAK_DURATION) GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-2h} bash hack/test.sh -run TestSoak ./internal/e2e
+	SOAK_DURATION=$(SOAK_DURATION) GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-2h} bash hack/test.sh -run TestSoak ./test/e2e
 
 # Kubernetes' own network tests (docs/conformance.md): the [sig-network] conformance tests and
 # the Services, DNS, endpoints and connectivity tests of e2e.test v1.37.2 on a two-node cluster,
 # once without detour and once with detour injecting every pod; the table of both runs goes to
 # bin/conformance/report.md. `make e2e` runs a smoke of five of them.
 conformance:
-	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./internal/e2e
+	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./test/e2e
 
 test-binaries:
 	bash hack/test-binaries.sh
@@ -56,7 +56,7 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
-	go vet -tags conformance,cluster ./internal/e2e
+	go vet -tags conformance,cluster ./test/e2e/...
 
 # A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS;
 # FUZZMINIMIZETIME per new input: empty means Go's 60s; FUZZMATCH selects "package target"s),
@@ -118,7 +118,7 @@ bench-webhook: build
 bench-e2e:
 	bash hack/host-deps.sh
 	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) PATH="$$PATH:/usr/sbin:/sbin" \
-		go test ./internal/e2e -run '^$$' -bench 'PodStartLatency|NodeJoin|CrossNode' -benchtime 1x -count 1 -timeout 60m
+		go test ./test/e2e -run '^$$' -bench 'PodStartLatency|NodeJoin|CrossNode' -benchtime 1x -count 1 -timeout 60m
 
 # The local end-to-end demo (the README's first command): builds everything, starts a local
 # kube-apiserver + etcd, the webhook, the node agent and the plugin, and narrates each step.

@@ -110,7 +110,7 @@ build_e2e_test() {
 # Kubernetes' network tests run inside their pods (sh, curl, nc, dig, nslookup, wget, getent),
 # nginx, iptables (flanneld's rules, in the flannel image), and what the agnhost image adds around its binary (the user and group the tests expect,
 # /uploads, /agnhost-2, porter's certificate). No container registry is reachable from the
-# machines this runs on, so the images are built here (internal/e2e/upstream). Needs root
+# machines this runs on, so the images are built here (test/e2e/upstream). Needs root
 # (mmdebstrap's root mode); cached by the inputs' hash.
 build_rootfs() {
 	local pkgs=curl,netcat-openbsd,bind9-dnsutils,iproute2,wget,socat,nginx-light,iptables
@@ -146,7 +146,7 @@ cb=k8s.io/component-base/version
 kubeversion="-X $cb.gitVersion=$kube -X $cb.gitMajor=1 -X $cb.gitMinor=$minor -X $cb.gitTreeState=clean"
 kubernetes=(kube-apiserver)
 if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
-	# The real node (internal/e2e): the rest of Kubernetes, containerd and runc.
+	# The real node (test/e2e): the rest of Kubernetes, containerd and runc.
 	kubernetes+=(kubelet kube-scheduler kube-controller-manager kube-proxy kubectl)
 fi
 
@@ -181,17 +181,17 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	CGO_ENABLED=1 TAGS="seccomp urfave_cli_no_docs" build runc "$runc" runc github.com/opencontainers/runc \
 		"-X main.version=${runc#v} -X main.gitCommit=$runc"
 	# promtool tests the alert rules (manifests); the Prometheus server scrapes the real node and
-	# evaluates them (internal/e2e). Both have only the Kubernetes service discovery compiled in
+	# evaluates them (test/e2e). Both have only the Kubernetes service discovery compiled in
 	# (no cloud SDKs), with the same tags, so the second reuses the first's packages: 333 s for
 	# both instead of 506 s without the tags (2 cores, modules downloaded, 2026-12-04).
 	pv="-X github.com/prometheus/common/version.Version=${prometheus#v}"
 	for cmd in promtool prometheus; do
 		TAGS="remove_all_sd enable_kubernetes_sd" build "$cmd" "$prometheus" prometheus "github.com/prometheus/prometheus/cmd/$cmd" "$pv"
 	done
-	# The cluster's DNS (internal/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
+	# The cluster's DNS (test/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
 	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
 	if [ "${DETOUR_BINARIES:-all}" = cluster ]; then
-		# Flannel, the primary CNI of the flannel cluster (internal/e2e/flannel.go, make
+		# Flannel, the primary CNI of the flannel cluster (test/e2e/flannel.go, make
 		# e2e-cluster): flanneld, whose udp backend needs cgo (static, so that it runs on any
 		# userland), and its CNI plugin, from containernetworking/plugins v0.9.1, where it lived
 		# before it moved to flannel-io/cni-plugin (a module the proxy here refuses).

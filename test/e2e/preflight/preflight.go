@@ -1,5 +1,5 @@
 // Package preflight checks that this machine can run the real node of detour's end-to-end tests
-// (internal/e2e) before anything is built or started: root, usable cgroups, the kernel features
+// (test/e2e) before anything is built or started: root, usable cgroups, the kernel features
 // the node uses, disk space and, once built, its binaries. Each problem is one line that says
 // what is missing and what to do, so that a run on an unfit host fails at once instead of half an
 // hour later inside a component's log.

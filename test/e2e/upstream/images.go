@@ -19,7 +19,7 @@ const (
 	NginxRef    = "registry.k8s.io/e2e-test-images/nginx:1.27.0-2"
 	NginxNewRef = "registry.k8s.io/e2e-test-images/nginx:1.28.0-2"
 	PauseRef    = "registry.k8s.io/pause:3.10.2"
-	// FlannelRef is flannel's image (the flannel cluster's primary CNI, internal/e2e/flannel.go),
+	// FlannelRef is flannel's image (the flannel cluster's primary CNI, test/e2e/flannel.go),
 	// at the version of hack/tools/flannel/go.mod.
 	FlannelRef = "ghcr.io/flannel-io/flannel:v0.28.10"
 )

@@ -35,6 +35,9 @@ type Input struct {
 	// Validator is where the validator's check runs in native sidecar mode, as
 	// [ResolveValidatorMode] decided for the cluster; empty means the init container.
 	Validator annotations.ValidatorModeValue
+	// ImageVolumesWhyNot says why a pod that asks for the check in the proxy's start cannot
+	// have it on this cluster ([ValidatorDecision.WhyNot]); "" when it can.
+	ImageVolumesWhyNot string
 }
 
 // Outcome is what [Mutate] did with a pod.
@@ -294,6 +297,9 @@ func validatorMode(res Result, in Input, cfg *Config, s settings) (annotations.V
 			"detour: %s image-volume (from %s) needs the proxy as a native sidecar, and it runs as a regular container here; the validator runs as an init container instead", annotations.ValidatorMode, s.validatorModeFrom)
 	case res.Mode != annotations.SidecarNative:
 		return annotations.ValidatorInitContainer, nil
+	case asked && in.ImageVolumesWhyNot != "":
+		return annotations.ValidatorInitContainer, fmt.Errorf(
+			"detour: %s image-volume (from %s) cannot be granted: %s; the validator runs as an init container instead", annotations.ValidatorMode, s.validatorModeFrom, in.ImageVolumesWhyNot)
 	}
 	if why := cfg.foldBlocker(); why != "" {
 		return annotations.ValidatorInitContainer, fmt.Errorf(

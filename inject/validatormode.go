@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -49,57 +50,103 @@ func ImageVolumes(info corev1.NodeSystemInfo) (bool, string) {
 }
 
 // Cluster is what the webhook knows of the cluster when it decides where the validator's check
-// runs (validator.mode auto).
+// runs.
 type Cluster struct {
 	// APIServerVersion is the API server's version ("v1.37.2"); empty when unknown.
 	APIServerVersion string
-	// Nodes is the number of nodes; WithoutImageVolumes describes those whose kubelet or
-	// runtime cannot mount image volumes, as "name: why" ([ImageVolumes]).
+	// APIServerImageVolumes is whether the API server keeps a pod's image volumes: its
+	// ImageVolume feature gate, as its /metrics report it (kubernetes_feature_enabled). An API
+	// server with the gate off drops the volume and its mounts from the pods it stores.
+	APIServerImageVolumes Gate
+	// APIServerGateWhy says why APIServerImageVolumes is unknown (what reading it said).
+	APIServerGateWhy string
+	// NodesUnknown is why the nodes are not known (the webhook may not list them); "" when they
+	// are.
+	NodesUnknown string
+	// Nodes is the number of nodes; WithoutImageVolumes describes those that do not carry
+	// detour.dev/image-volumes=true — the label the node agent sets once detour is in place
+	// there and the node's kubelet and runtime mount image volumes — as "name: why".
 	Nodes               int
 	WithoutImageVolumes []string
 }
 
+// Gate is a feature gate's state as read from a component, or unknown.
+type Gate int
+
+const (
+	GateUnknown Gate = iota
+	GateOn
+	GateOff
+)
+
 // ValidatorDecision is where the validator's check runs in the pods the webhook injects in
-// native sidecar mode, and why.
+// native sidecar mode, and why. Possible says whether a pod that asks for the check in the
+// proxy's start (detour.dev/validator-mode: image-volume) can have it: the API server keeps image
+// volumes and some node carries detour.dev/image-volumes=true, so its pod gets scheduled.
 type ValidatorDecision struct {
-	Mode   annotations.ValidatorModeValue // init-container or image-volume
-	Reason string
+	Mode     annotations.ValidatorModeValue // init-container or image-volume
+	Reason   string
+	Possible bool
+	// WhyNot says why a pod's image-volume request cannot be granted, when it cannot.
+	WhyNot string
 }
 
-// ResolveValidatorMode decides where the check runs for cfg on cluster c. validator.mode
-// init-container and image-volume are the admin's choice; auto picks image-volume when the
-// configuration allows it (the proxy's command and a startup probe on one of its ports are
-// known), the API server is 1.35 or later and every node's kubelet and runtime mount image
-// volumes — else the init container, and the reason says which condition failed. Either way a pod whose check runs in
-// the proxy's start selects detour.dev/image-volumes=true, which the node agent sets only on
-// such nodes, so no node that cannot mount its volume runs it.
+// ResolveValidatorMode decides where the check runs for cfg on cluster c. The check runs in the
+// proxy's start only where the API server keeps image volumes (its ImageVolume gate is on) —
+// else it drops the pod's volume and mounts, and the pod would crash-loop or stay Pending — and
+// where a node can run the pod (it carries detour.dev/image-volumes=true, which the pod
+// selects). validator.mode image-volume asks for it wherever that holds; auto also needs the
+// configuration to allow it (the proxy's command and a startup probe on one of its ports are
+// known) and every node to carry the label, so that no pod waits for a node. Otherwise the
+// init container, and the reason says which condition failed.
 func ResolveValidatorMode(cfg *Config, c Cluster) ValidatorDecision {
+	d := ValidatorDecision{Mode: annotations.ValidatorInitContainer}
+	switch {
+	case c.APIServerImageVolumes == GateOff:
+		d.WhyNot = fmt.Sprintf("the API server %s has its ImageVolume feature gate off, so it would drop the volume", orUnknown(c.APIServerVersion))
+	case c.APIServerImageVolumes == GateUnknown:
+		d.WhyNot = "the webhook cannot tell whether the API server keeps image volumes (" + cmp.Or(c.APIServerGateWhy, "not read yet") + ")"
+	case c.NodesUnknown != "":
+		d.WhyNot = c.NodesUnknown
+	case c.Nodes == 0:
+		d.WhyNot = "no node has registered yet"
+	case len(c.WithoutImageVolumes) == c.Nodes:
+		d.WhyNot = fmt.Sprintf("no node carries %s=true, so its pods could not be scheduled: %s", annotations.ImageVolumesLabel, nodeList(c.WithoutImageVolumes))
+	}
+	d.Possible = d.WhyNot == ""
 	switch cfg.Validator.Mode {
 	case annotations.ValidatorInitContainer:
-		return ValidatorDecision{annotations.ValidatorInitContainer, "validator.mode is init-container"}
+		d.Reason = "validator.mode is init-container"
+		return d
 	case annotations.ValidatorImageVolume:
-		return ValidatorDecision{annotations.ValidatorImageVolume, "validator.mode is image-volume"}
-	}
-	initContainer := func(format string, args ...any) ValidatorDecision {
-		return ValidatorDecision{annotations.ValidatorInitContainer, fmt.Sprintf(format, args...)}
-	}
-	if why := cfg.foldBlocker(); why != "" {
-		return initContainer("%s", why)
-	}
-	if v, err := utilversion.ParseGeneric(c.APIServerVersion); err != nil || !v.AtLeast(ImageVolumeVersion) {
-		return initContainer("the API server %s is older than %s, where image volumes are on by default", orUnknown(c.APIServerVersion), ImageVolumeVersion)
-	}
-	if c.Nodes == 0 {
-		return initContainer("no node has registered yet")
-	}
-	if n := len(c.WithoutImageVolumes); n > 0 {
-		names := slices.Sorted(slices.Values(c.WithoutImageVolumes))
-		if n > 5 {
-			names = append(names[:5], fmt.Sprintf("and %d more", n-5))
+		if !d.Possible {
+			d.Reason = "validator.mode is image-volume, but " + d.WhyNot
+			return d
 		}
-		return initContainer("%d of %d nodes cannot mount image volumes: %s", n, c.Nodes, strings.Join(names, "; "))
+		d.Mode, d.Reason = annotations.ValidatorImageVolume, "validator.mode is image-volume"
+		return d
 	}
-	return ValidatorDecision{annotations.ValidatorImageVolume, fmt.Sprintf("every node (%d) mounts image volumes, and the proxy's command and a startup probe on one of its ports are known", c.Nodes)}
+	switch why := cfg.foldBlocker(); {
+	case why != "":
+		d.Reason = why
+	case !d.Possible:
+		d.Reason = d.WhyNot
+	case len(c.WithoutImageVolumes) > 0:
+		d.Reason = fmt.Sprintf("%d of %d nodes do not carry %s=true: %s", len(c.WithoutImageVolumes), c.Nodes, annotations.ImageVolumesLabel, nodeList(c.WithoutImageVolumes))
+	default:
+		d.Mode = annotations.ValidatorImageVolume
+		d.Reason = fmt.Sprintf("every node (%d) mounts image volumes, and the proxy's command and a startup probe on one of its ports are known", c.Nodes)
+	}
+	return d
+}
+
+// nodeList names at most five nodes ("name: why"), sorted, and how many more there are.
+func nodeList(nodes []string) string {
+	names := slices.Sorted(slices.Values(nodes))
+	if n := len(names); n > 5 {
+		names = append(names[:5], fmt.Sprintf("and %d more", n-5))
+	}
+	return strings.Join(names, "; ")
 }
 
 func orUnknown(s string) string {
@@ -110,9 +157,9 @@ func orUnknown(s string) string {
 }
 
 // OfflineCluster is the cluster `detour inject` assumes: one node, which mounts image volumes
-// or not, and an API server new enough for them.
+// or not, and an API server that keeps them.
 func OfflineCluster(imageVolumes bool) Cluster {
-	c := Cluster{APIServerVersion: "v" + ImageVolumeVersion.String() + ".0", Nodes: 1}
+	c := Cluster{APIServerVersion: "v" + ImageVolumeVersion.String() + ".0", APIServerImageVolumes: GateOn, Nodes: 1}
 	if !imageVolumes {
 		c.WithoutImageVolumes = []string{"the target cluster (--image-volumes=false)"}
 	}

@@ -215,28 +215,41 @@ func TestParseConfigValidatorMode(t *testing.T) {
 func TestResolveValidatorMode(t *testing.T) {
 	fold, plain := foldableConfig(t, ""), testConfig(t, "")
 	pinned, off := foldableConfig(t, "image-volume"), foldableConfig(t, "init-container")
-	ok := Cluster{APIServerVersion: "v1.37.2", Nodes: 3}
+	ok := Cluster{APIServerVersion: "v1.37.2", APIServerImageVolumes: GateOn, Nodes: 3}
 	old := ok
 	old.WithoutImageVolumes = []string{"b: the kubelet v1.34.1 has image volumes off by default (on from 1.35)"}
+	none := ok
+	none.Nodes, none.WithoutImageVolumes = 1, []string{"b: no node agent labelled it"}
+	gateOff := ok
+	gateOff.APIServerVersion, gateOff.APIServerImageVolumes = "v1.35.1", GateOff
+	blind := ok
+	blind.APIServerImageVolumes, blind.APIServerGateWhy = GateUnknown, "reading the API server's /metrics was forbidden"
+	noRBAC := ok
+	noRBAC.NodesUnknown = "the webhook may not list nodes (its RBAC)"
 	for _, tc := range []struct {
-		name    string
-		cfg     *Config
-		c       Cluster
-		want    annotations.ValidatorModeValue
-		because string
+		name     string
+		cfg      *Config
+		c        Cluster
+		want     annotations.ValidatorModeValue
+		because  string
+		possible bool // a pod may ask for image-volume
 	}{
-		{"every node can", fold, ok, annotations.ValidatorImageVolume, "every node (3) mounts image volumes"},
-		{"a node cannot", fold, old, annotations.ValidatorInitContainer, "1 of 3 nodes cannot mount image volumes: b: the kubelet v1.34.1"},
-		{"old API server", fold, Cluster{APIServerVersion: "v1.34.0", Nodes: 1}, annotations.ValidatorInitContainer, "the API server v1.34.0 is older than 1.35"},
-		{"unknown API server", fold, Cluster{Nodes: 1}, annotations.ValidatorInitContainer, "(version unknown)"},
-		{"no nodes", fold, Cluster{APIServerVersion: "v1.37.2"}, annotations.ValidatorInitContainer, "no node has registered yet"},
-		{"no proxy command", plain, ok, annotations.ValidatorInitContainer, "proxy.command is not set"},
-		{"pinned", pinned, old, annotations.ValidatorImageVolume, "validator.mode is image-volume"},
-		{"off", off, ok, annotations.ValidatorInitContainer, "validator.mode is init-container"},
+		{"every node can", fold, ok, annotations.ValidatorImageVolume, "every node (3) mounts image volumes", true},
+		{"a node cannot", fold, old, annotations.ValidatorInitContainer, "1 of 3 nodes do not carry detour.dev/image-volumes=true: b: the kubelet v1.34.1", true},
+		{"no node can", fold, none, annotations.ValidatorInitContainer, "no node carries detour.dev/image-volumes=true, so its pods could not be scheduled: b: no node agent labelled it", false},
+		{"the API server's gate off", fold, gateOff, annotations.ValidatorInitContainer, "the API server v1.35.1 has its ImageVolume feature gate off", false},
+		{"the API server's gate unknown", fold, blind, annotations.ValidatorInitContainer, "cannot tell whether the API server keeps image volumes (reading the API server's /metrics was forbidden)", false},
+		{"nodes unknown", fold, noRBAC, annotations.ValidatorInitContainer, "the webhook may not list nodes", false},
+		{"no nodes", fold, Cluster{APIServerVersion: "v1.37.2", APIServerImageVolumes: GateOn}, annotations.ValidatorInitContainer, "no node has registered yet", false},
+		{"no proxy command", plain, ok, annotations.ValidatorInitContainer, "proxy.command is not set", true},
+		{"pinned", pinned, old, annotations.ValidatorImageVolume, "validator.mode is image-volume", true},
+		{"pinned, the gate off", pinned, gateOff, annotations.ValidatorInitContainer, "validator.mode is image-volume, but the API server v1.35.1 has its ImageVolume feature gate off", false},
+		{"pinned, no node can", pinned, none, annotations.ValidatorInitContainer, "validator.mode is image-volume, but no node carries", false},
+		{"off", off, ok, annotations.ValidatorInitContainer, "validator.mode is init-container", true},
 	} {
 		d := ResolveValidatorMode(tc.cfg, tc.c)
-		if d.Mode != tc.want || !strings.Contains(d.Reason, tc.because) {
-			t.Errorf("%s: %+v, want %s because %q", tc.name, d, tc.want, tc.because)
+		if d.Mode != tc.want || !strings.Contains(d.Reason, tc.because) || d.Possible != tc.possible {
+			t.Errorf("%s: %+v, want %s because %q, possible %v", tc.name, d, tc.want, tc.because, tc.possible)
 		}
 	}
 	// Many nodes: five named, the rest counted.
@@ -277,7 +290,7 @@ func TestImageVolumes(t *testing.T) {
 // the init container (issue 32, item 7).
 func TestFoldNeedsAStartupProbeOnAProxyPort(t *testing.T) {
 	const base = "proxy: {image: proxy:test, command: [proxy], adminPorts: [4191, 9901], startupProbe: %s}\nvalidator: {mode: %s}"
-	ok := Cluster{APIServerVersion: "v1.37.2", Nodes: 1}
+	ok := Cluster{APIServerVersion: "v1.37.2", APIServerImageVolumes: GateOn, Nodes: 1}
 	for _, tc := range []struct {
 		probe string
 		why   string // "" when the probe reaches the proxy

@@ -150,8 +150,9 @@ func TestWebhookNodesRuleFollowsTheValidatorMode(t *testing.T) {
 		var role rbacv1.ClusterRole
 		find(t, objects(t, render(t, sets)), "ClusterRole", "detour-webhook", &role)
 		has := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "nodes") })
-		if has != tc.nodes {
-			t.Errorf("validator.mode %q: the webhook's ClusterRole has a rule on nodes: %v, want %v", tc.mode, has, tc.nodes)
+		metrics := slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.NonResourceURLs, "/metrics") })
+		if has != tc.nodes || metrics != tc.nodes {
+			t.Errorf("validator.mode %q: the webhook's ClusterRole has a rule on nodes: %v, on /metrics: %v; want %v", tc.mode, has, metrics, tc.nodes)
 		}
 	}
 }
@@ -422,6 +423,7 @@ func TestIntegrationRBAC(t *testing.T) {
 	type check struct {
 		sa                            string
 		verb, resource, sub, name, ns string
+		nonResource                   string
 		allowed                       bool
 	}
 	for _, c := range []check{
@@ -439,6 +441,10 @@ func TestIntegrationRBAC(t *testing.T) {
 		{sa: "detour-node-agent", verb: "get", resource: "daemonsets", name: "other", ns: ns, allowed: false},
 		{sa: "detour-node-agent", verb: "delete", resource: "daemonsets", name: "detour-node-agent", ns: ns, allowed: false},
 		{sa: "detour-webhook", verb: "list", resource: "namespaces", allowed: true},
+		{sa: "detour-webhook", verb: "watch", resource: "nodes", allowed: true},
+		{sa: "detour-webhook", verb: "get", nonResource: "/metrics", allowed: true},
+		{sa: "detour-webhook", verb: "get", nonResource: "/logs", allowed: false},
+		{sa: "detour-node-agent", verb: "get", nonResource: "/metrics", allowed: false},
 		{sa: "detour-webhook", verb: "create", resource: "pods", ns: "shop", allowed: false},
 		{sa: "detour-webhook", verb: "update", resource: "pods", ns: "shop", allowed: false},
 		{sa: "detour-webhook", verb: "patch", resource: "pods", ns: "shop", allowed: false},
@@ -466,6 +472,9 @@ func TestIntegrationRBAC(t *testing.T) {
 				Namespace: c.ns, Verb: c.verb, Group: group, Resource: c.resource, Subresource: c.sub, Name: c.name,
 			},
 		}}
+		if c.nonResource != "" {
+			sar.Spec.ResourceAttributes, sar.Spec.NonResourceAttributes = nil, &authzv1.NonResourceAttributes{Path: c.nonResource, Verb: c.verb}
+		}
 		res, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, sar, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)

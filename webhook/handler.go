@@ -200,7 +200,8 @@ func (h *Handler) mutate(ctx context.Context, req admission.Request, pod *corev1
 	if err != nil {
 		return nil, &internalError{fmt.Errorf("detour webhook: read namespace %q: %w", namespace, err)}
 	}
-	in := inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: h.native, Validator: h.validator().Mode}
+	d := h.validator()
+	in := inject.Input{Namespace: namespace, NamespaceAnnotations: nsAnnotations, NativeSidecars: h.native, Validator: d.Mode, ImageVolumesWhyNot: d.WhyNot}
 	res, err := inject.Mutate(pod, in, h.cfg)
 	if err != nil && !inject.IsDenial(err) {
 		return &res, &internalError{err}

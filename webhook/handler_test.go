@@ -309,9 +309,12 @@ func TestFoldedPatchIsTyped(t *testing.T) {
 	}
 }
 
-// The decision follows the nodes: a node that cannot mount image volumes, joining, turns auto
-// to the init container with a reason that names it; leaving, back; a status update that
-// changes nothing decides nothing; the gauge shows the mode.
+// The decision follows the nodes' image-volume labels (issue 34): a node without it joining
+// turns auto to the init container with a reason that names it and why (its kubelet's
+// version); the node upgraded in place counts once its agent labels it, and a downgrade that
+// takes the label off turns auto back; a Windows node does not count; a status update that
+// changes nothing decides nothing; the API server's gate off, or unknown, is the init
+// container; the gauge shows the mode.
 func TestValidatorModesFollowTheNodes(t *testing.T) {
 	cfg, err := inject.ParseConfig([]byte("proxy: {image: proxy:test, command: [proxy], startupProbe: {tcpSocket: {port: 4191}}}"))
 	if err != nil {
@@ -320,8 +323,17 @@ func TestValidatorModesFollowTheNodes(t *testing.T) {
 	gauge := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "g"}, []string{"mode"})
 	var logs strings.Builder
 	v := NewValidatorModes(cfg, "v1.37.2", slog.New(slog.NewTextHandler(&logs, nil)), gauge)
-	node := func(name, kubelet string) *corev1.Node {
-		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: kubelet, ContainerRuntimeVersion: "containerd://2.4.2"}}}
+	node := func(name, kubelet string, labelled bool, os string) *corev1.Node {
+		n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{corev1.LabelOSStable: os}},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: kubelet, ContainerRuntimeVersion: "containerd://2.4.2"}}}
+		if labelled {
+			n.Labels[annotations.ImageVolumesLabel] = "true"
+		}
+		got, err := nodeImageVolumes(n) // what the cache holds
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.(*corev1.Node)
 	}
 	value := func(mode string) float64 {
 		var m dto.Metric
@@ -333,34 +345,57 @@ func TestValidatorModesFollowTheNodes(t *testing.T) {
 	mode := func() string {
 		return string(v.Current().Mode) + fmt.Sprintf(" %v/%v", value("image-volume"), value("init-container"))
 	}
+	want := func(what, wantMode, because string) {
+		t.Helper()
+		if got := mode(); got != wantMode || !strings.Contains(v.Current().Reason, because) {
+			t.Errorf("%s: %s (%s), want %s because %q", what, got, v.Current().Reason, wantMode, because)
+		}
+	}
 	h := v.Handler()
-	if got := mode(); got != "init-container 0/1" || !strings.Contains(v.Current().Reason, "no node has registered yet") {
-		t.Errorf("without nodes: %s, %q", got, v.Current().Reason)
-	}
-	h.OnAdd(node("a", "v1.37.2"), true)
-	h.OnAdd(node("b", "v1.37.2"), true)
-	if got := mode(); got != "image-volume 1/0" {
-		t.Errorf("two new nodes: %s (%s)", got, v.Current().Reason)
-	}
-	h.OnAdd(node("old", "v1.34.2"), false)
-	if got := mode(); got != "init-container 0/1" || !strings.Contains(v.Current().Reason, "1 of 3 nodes cannot mount image volumes: old: the kubelet v1.34.2") {
-		t.Errorf("an old node joined: %s, %q", got, v.Current().Reason)
-	}
+	want("before the gate is read", "init-container 0/1", "cannot tell whether the API server keeps image volumes (not read yet)")
+	v.SetAPIServerGate(inject.GateOn, "")
+	want("without nodes", "init-container 0/1", "no node has registered yet")
+	h.OnAdd(node("a", "v1.37.2", true, "linux"), true)
+	h.OnAdd(node("b", "v1.37.2", true, "linux"), true)
+	want("two labelled nodes", "image-volume 1/0", "every node (2)")
+	h.OnAdd(node("win", "v1.37.2", false, "windows"), false)
+	want("a Windows node joined", "image-volume 1/0", "every node (2)")
+	h.OnAdd(node("old", "v1.34.2", false, "linux"), false)
+	want("an old node joined", "init-container 0/1", "1 of 3 nodes do not carry detour.dev/image-volumes=true: old: the kubelet v1.34.2")
 	before := logs.Len()
-	h.OnUpdate(node("old", "v1.34.2"), node("old", "v1.34.2"))
+	h.OnUpdate(node("old", "v1.34.2", false, "linux"), node("old", "v1.34.2", false, "linux"))
 	if logs.Len() != before {
 		t.Errorf("a status update that changes nothing logged: %s", logs.String()[before:])
 	}
-	h.OnUpdate(node("old", "v1.34.2"), node("old", "v1.35.1")) // upgraded in place
-	if got := mode(); got != "image-volume 1/0" {
-		t.Errorf("the old node upgraded: %s (%s)", got, v.Current().Reason)
-	}
-	h.OnAdd(node("old2", "v1.30.0"), false)
-	h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "old2", Obj: node("old2", "v1.30.0")})
-	if got := mode(); got != "image-volume 1/0" {
-		t.Errorf("an old node came and went: %s (%s)", got, v.Current().Reason)
-	}
+	h.OnUpdate(node("old", "v1.34.2", false, "linux"), node("old", "v1.35.1", false, "linux")) // its kubelet upgraded in place
+	want("the old node upgraded, not labelled yet", "init-container 0/1", "old: no node agent labelled it")
+	h.OnUpdate(node("old", "v1.35.1", false, "linux"), node("old", "v1.35.1", true, "linux")) // its agent labelled it
+	want("the upgraded node labelled", "image-volume 1/0", "every node (3)")
+	h.OnUpdate(node("old", "v1.35.1", true, "linux"), node("old", "v1.34.2", false, "linux")) // downgraded: the agent took the label off
+	want("the node downgraded", "init-container 0/1", "old: the kubelet v1.34.2")
+	h.OnDelete(toolscache.DeletedFinalStateUnknown{Key: "old", Obj: node("old", "v1.34.2", false, "linux")})
+	want("the old node left", "image-volume 1/0", "every node (2)")
+	v.SetAPIServerGate(inject.GateOff, "")
+	want("the API server's gate off", "init-container 0/1", "has its ImageVolume feature gate off")
 	if !strings.Contains(logs.String(), "mode=image-volume") || !strings.Contains(logs.String(), "mode=init-container") {
 		t.Errorf("the mode changes were not logged:\n%s", logs.String())
+	}
+}
+
+// The API server's gate, from its /metrics.
+func TestGateFromMetrics(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want inject.Gate
+	}{
+		{"# TYPE kubernetes_feature_enabled gauge\nkubernetes_feature_enabled{name=\"ImageVolume\",stage=\"\"} 1\n", inject.GateOn},
+		{"kubernetes_feature_enabled{name=\"ImageVolumeWithDigest\",stage=\"ALPHA\"} 0\nkubernetes_feature_enabled{stage=\"BETA\",name=\"ImageVolume\"} 0\n", inject.GateOff},
+		{"kubernetes_feature_enabled{name=\"ImageVolumeWithDigest\",stage=\"ALPHA\"} 1\n", inject.GateUnknown},
+		{"apiserver_request_total{name=\"ImageVolume\"} 1\n", inject.GateUnknown},
+		{"", inject.GateUnknown},
+	} {
+		if got, why := gateFromMetrics([]byte(tc.body), imageVolumeGate); got != tc.want || (got == inject.GateUnknown) != (why != "") {
+			t.Errorf("gateFromMetrics(%q) = %v, %q; want %v", tc.body, got, why, tc.want)
+		}
 	}
 }

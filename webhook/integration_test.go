@@ -2,6 +2,7 @@ package webhook_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -138,14 +139,54 @@ type env struct {
 	metricsAddr string
 	certDir     string
 	webhookAddr string
+	// logs is the webhook's log, when the environment keeps it (envOptions.keepLog).
+	logs *syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer that the webhook's logger and the test share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// envOptions change the environment startEnvWith starts: the API server's flags, and the
+// identity the webhook runs as (default the API server's admin).
+type envOptions struct {
+	apiServerArgs map[string]string
+	// identity, when set, is given RBAC by the admin client and returns the REST config the
+	// webhook runs with.
+	identity func(t *testing.T, admin *rest.Config) *rest.Config
+	keepLog  bool
+	// config, when set, replaces the test configuration.
+	config string
 }
 
 // startEnv starts the API server and the webhook, its configuration the test one plus extra
 // (YAML lines).
 func startEnv(t *testing.T, extra ...string) *env {
+	return startEnvWith(t, envOptions{}, extra...)
+}
+
+// startEnvWith is startEnv with opts.
+func startEnvWith(t *testing.T, opts envOptions, extra ...string) *env {
 	testenv.Binary(t, "kube-apiserver")
 	testenv.Binary(t, "etcd")
 	e := testenv.NewEnvironment()
+	for k, v := range opts.apiServerArgs {
+		e.ControlPlane.GetAPIServer().Configure().Set(k, v)
+	}
 	e.WebhookInstallOptions = envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{detourWebhookConfiguration()},
 	}
@@ -159,13 +200,14 @@ func startEnv(t *testing.T, extra ...string) *env {
 		}
 	})
 
-	cfg, err := inject.ParseConfig([]byte(`
+	base := cmp.Or(opts.config, `
 proxy:
   image: proxy.example/proxy:test
   startupProbe: {tcpSocket: {port: 4191}}
 validator:
   image: detour:test
-` + strings.Join(extra, "\n")))
+`)
+	cfg, err := inject.ParseConfig([]byte(base + strings.Join(extra, "\n")))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,11 +218,19 @@ validator:
 	if os.Getenv("DETOUR_TEST_WEBHOOK_LOG") == "1" {
 		logOut = os.Stderr
 	}
+	if opts.keepLog {
+		out.logs = &syncBuffer{}
+		logOut = io.MultiWriter(logOut, out.logs)
+	}
+	webhookCfg := restCfg
+	if opts.identity != nil {
+		webhookCfg = opts.identity(t, restCfg)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
 		done <- webhook.Run(ctx, webhook.Options{
-			Config: cfg, RESTConfig: restCfg,
+			Config: cfg, RESTConfig: webhookCfg,
 			Host: w.LocalServingHost, Port: w.LocalServingPort, CertDir: w.LocalServingCertDir,
 			MetricsAddr: out.metricsAddr, HealthAddr: healthAddr, OwnNamespace: "detour-system",
 			Logger: slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -70,6 +71,10 @@ type Options struct {
 	EnableHTTP2 bool
 	// OwnNamespace is detour's namespace; its pods are never injected.
 	OwnNamespace string
+	// ShutdownDelay is how long the webhook keeps serving once ctx ends, with /readyz failing,
+	// before it closes its listener: time for the endpoints to drop it, so that the API server
+	// sends no admission to a closed port during a rollout (0: close at once).
+	ShutdownDelay time.Duration
 	// Logger receives the webhook's structured logs and its manager's (default discard).
 	// controller-runtime's and client-go's global loggers are the process's to set (`detour
 	// webhook` bridges them to the same logger).
@@ -100,6 +105,29 @@ func ServerVersion(cfg *rest.Config) (string, bool, error) {
 		}
 	}
 	return info.GitVersion, v.AtLeast(NativeSidecarVersion), nil
+}
+
+// watchAPIServerGate reads the API server's image-volume gate into modes now and every
+// gateRecheck until ctx ends, logging a change.
+func watchAPIServerGate(ctx context.Context, cs kubernetes.Interface, modes *ValidatorModes, log *slog.Logger) {
+	last := inject.Gate(-1)
+	for {
+		g, why := APIServerGate(ctx, cs)
+		if ctx.Err() != nil {
+			return
+		}
+		if g != last {
+			state := map[inject.Gate]string{inject.GateOn: "on", inject.GateOff: "off", inject.GateUnknown: "unknown"}[g]
+			log.Info("the API server's ImageVolume feature gate", "state", state, "why", why)
+			last = g
+		}
+		modes.SetAPIServerGate(g, why)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(gateRecheck):
+		}
+	}
 }
 
 // namespaceMeta is the metadata-only Namespace object the cache holds: the webhook needs only
@@ -163,7 +191,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	// With one node that mounts image volumes: what auto can never pick with this configuration
 	// or API server, whatever the nodes.
-	if d := inject.ResolveValidatorMode(&cfg, inject.Cluster{APIServerVersion: serverVersion, Nodes: 1}); cfg.Validator.Mode == annotations.ValidatorAuto && d.Mode == annotations.ValidatorInitContainer {
+	if d := inject.ResolveValidatorMode(&cfg, inject.Cluster{APIServerVersion: serverVersion, APIServerImageVolumes: inject.GateOn, Nodes: 1}); cfg.Validator.Mode == annotations.ValidatorAuto && d.Mode == annotations.ValidatorInitContainer {
 		log.Info("validator mode auto: the validator runs as an init container", "reason", d.Reason)
 	}
 
@@ -191,18 +219,41 @@ func Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	modes := NewValidatorModes(&cfg, serverVersion, log.With("component", "validator-mode"), m.validatorMode)
-	// The nodes matter only where the check may run in the proxy's start: with validator.mode
-	// init-container the webhook neither watches them nor needs RBAC on them.
+	// The API server's gate and the nodes matter only where the check may run in the proxy's
+	// start: with validator.mode init-container the webhook neither reads nor watches them, and
+	// needs no RBAC for them.
 	nodesSynced := func() bool { return true }
 	if cfg.Validator.Mode != annotations.ValidatorInitContainer {
-		nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+		cs, err := kubernetes.NewForConfig(o.RESTConfig)
 		if err != nil {
-			return fmt.Errorf("run webhook: watch nodes: %w", err)
+			return fmt.Errorf("run webhook: %w", err)
 		}
-		if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
-			return fmt.Errorf("run webhook: watch nodes: %w", err)
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			watchAPIServerGate(ctx, cs, modes, log)
+			return nil
+		})); err != nil {
+			return fmt.Errorf("run webhook: %w", err)
 		}
-		nodesSynced = nodes.HasSynced
+		// Without RBAC on nodes (custom RBAC, or this image running under an older chart's
+		// ClusterRole) the node cache would never sync, and the webhook never become Ready:
+		// ask first, and run with the init container instead.
+		may, why, err := mayWatchNodes(ctx, cs)
+		switch {
+		case err != nil:
+			return fmt.Errorf("run webhook: %w", err)
+		case !may:
+			log.Warn("the validator's check runs as an init container in every pod", "reason", why)
+			modes.SetNodesUnknown(why)
+		default:
+			nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+			if err != nil {
+				return fmt.Errorf("run webhook: watch nodes: %w", err)
+			}
+			if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
+				return fmt.Errorf("run webhook: watch nodes: %w", err)
+			}
+			nodesSynced = nodes.HasSynced
+		}
 	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m), WithValidatorModes(modes))
@@ -224,18 +275,44 @@ func Run(ctx context.Context, o Options) error {
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
+	var draining atomic.Bool
 	if err := mgr.AddReadyzCheck("namespaces", func(*http.Request) error {
 		switch {
+		case draining.Load():
+			return errors.New("shutting down: waiting for the endpoints to drop this replica before closing")
 		case !informer.HasSynced():
 			return errors.New("the namespace cache has not synced yet")
 		case !nodesSynced():
 			return errors.New("the node cache has not synced yet (the validator mode depends on the nodes)")
+		case cfg.Validator.Mode != annotations.ValidatorInitContainer && !modes.GateRead():
+			return errors.New("the API server's ImageVolume gate has not been read yet (the validator mode depends on it)")
 		}
 		return nil
 	}); err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
-	if err := mgr.Start(ctx); err != nil {
+	// Drain: when ctx ends the replica first turns unready and keeps serving for ShutdownDelay,
+	// so that the endpoints drop it while it still answers; then the manager stops, and the
+	// server finishes the admissions in flight.
+	mgrCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-mgrCtx.Done():
+			return
+		}
+		draining.Store(true)
+		if o.ShutdownDelay > 0 {
+			log.Info("draining: unready, still serving", "for", o.ShutdownDelay)
+			select {
+			case <-time.After(o.ShutdownDelay):
+			case <-mgrCtx.Done():
+			}
+		}
+		stop()
+	}()
+	if err := mgr.Start(mgrCtx); err != nil {
 		return fmt.Errorf("run webhook: %w", err)
 	}
 	return nil
@@ -302,7 +379,7 @@ func (o Options) newManager(logger logr.Logger) (manager.Manager, error) {
 		}),
 		Cache: cache.Options{
 			DefaultTransform: cache.TransformStripManagedFields(),
-			ByObject:         map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeVersions}},
+			ByObject:         map[client.Object]cache.ByObject{&corev1.Node{}: {Transform: nodeImageVolumes}},
 		},
 	})
 	if err != nil {

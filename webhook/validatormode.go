@@ -16,29 +16,36 @@ import (
 )
 
 // ValidatorModes keeps the webhook's decision of where the validator's check runs
-// ([inject.ResolveValidatorMode]) up to date with the cluster's nodes: whether each one's
-// kubelet and runtime mount image volumes. It keeps what it needs of each node (its versions)
-// from a watch whose cache holds nothing else of a Node ([nodeVersions]), so a node's status
-// updates cost a map lookup, and decides again only when a node comes, goes or changes its
-// versions. A decision that changes the mode is logged at info level with its reason, and
-// shown by the detour_webhook_validator_mode gauge.
+// ([inject.ResolveValidatorMode]) up to date with the cluster: whether the API server keeps
+// image volumes (its feature gate, [ValidatorModes.SetAPIServerGate]) and which Linux nodes
+// carry detour.dev/image-volumes=true — the label each node's agent sets, and takes off, as its
+// kubelet and runtime mount image volumes or not, in place upgrades and downgrades included.
+// It keeps what it needs of each node (the label, its versions for the reason) from a watch
+// whose cache holds nothing else of a Node ([nodeImageVolumes]), so a node's status updates cost
+// a map lookup, and decides again only when something it depends on changes. A decision that
+// changes the mode is logged at info level with its reason, and shown by the
+// detour_webhook_validator_mode gauge.
 type ValidatorModes struct {
 	cfg       *inject.Config
 	apiServer string
 	log       *slog.Logger
 	gauge     *prometheus.GaugeVec
 
-	mu       sync.Mutex
-	nodes    map[string]string // name → why it cannot mount image volumes; "" when it can
-	without  int
-	decision atomic.Pointer[inject.ValidatorDecision]
+	mu           sync.Mutex
+	nodes        map[string]string // name → why it does not carry the label; "" when it does
+	without      int
+	gate         inject.Gate
+	gateWhy      string
+	gateRead     atomic.Bool
+	nodesUnknown string
+	decision     atomic.Pointer[inject.ValidatorDecision]
 	// announced: a decision was logged at info level (the first one with nodes is, whatever
 	// its mode).
 	announced bool
 }
 
 // NewValidatorModes returns the decision for cfg on an API server of version apiServer, before
-// any node is known; gauge may be nil.
+// any node or the API server's gate is known; gauge may be nil.
 func NewValidatorModes(cfg *inject.Config, apiServer string, log *slog.Logger, gauge *prometheus.GaugeVec) *ValidatorModes {
 	v := &ValidatorModes{cfg: cfg, apiServer: apiServer, log: log, gauge: gauge, nodes: map[string]string{}}
 	v.decideLocked()
@@ -47,6 +54,31 @@ func NewValidatorModes(cfg *inject.Config, apiServer string, log *slog.Logger, g
 
 // Current is the decision now.
 func (v *ValidatorModes) Current() inject.ValidatorDecision { return *v.decision.Load() }
+
+// SetAPIServerGate records whether the API server keeps image volumes (why says why it is
+// unknown).
+func (v *ValidatorModes) SetAPIServerGate(g inject.Gate, why string) {
+	v.gateRead.Store(true)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.gate == g && v.gateWhy == why {
+		return
+	}
+	v.gate, v.gateWhy = g, why
+	v.decideLocked()
+}
+
+// GateRead reports whether the API server's gate was read (or tried) once.
+func (v *ValidatorModes) GateRead() bool { return v.gateRead.Load() }
+
+// SetNodesUnknown records that the webhook cannot know the nodes, and why (it may not list
+// them): then every pod gets the init container.
+func (v *ValidatorModes) SetNodesUnknown(why string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.nodesUnknown = why
+	v.decideLocked()
+}
 
 // Handler is the node watch's event handler.
 func (v *ValidatorModes) Handler() toolscache.ResourceEventHandler {
@@ -65,9 +97,15 @@ func (v *ValidatorModes) set(obj any, present bool) {
 	if !ok {
 		return
 	}
+	if node.Labels[corev1.LabelOSStable] == string(corev1.Windows) {
+		present = false // the webhook never injects Windows pods: such a node does not count
+	}
 	why := ""
-	if ok, reason := inject.ImageVolumes(node.Status.NodeInfo); !ok {
-		why = reason
+	if node.Labels[annotations.ImageVolumesLabel] != "true" {
+		why = "no node agent labelled it"
+		if ok, reason := inject.ImageVolumes(node.Status.NodeInfo); !ok {
+			why = reason
+		}
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -91,7 +129,8 @@ func (v *ValidatorModes) set(obj any, present bool) {
 
 // decideLocked decides again; v.mu is held (or v is not shared yet).
 func (v *ValidatorModes) decideLocked() {
-	c := inject.Cluster{APIServerVersion: v.apiServer, Nodes: len(v.nodes)}
+	c := inject.Cluster{APIServerVersion: v.apiServer, APIServerImageVolumes: v.gate, APIServerGateWhy: v.gateWhy,
+		NodesUnknown: v.nodesUnknown, Nodes: len(v.nodes)}
 	for name, why := range v.nodes {
 		if len(c.WithoutImageVolumes) == v.without {
 			break
@@ -108,7 +147,7 @@ func (v *ValidatorModes) decideLocked() {
 	v.decision.Store(&d)
 	level := slog.LevelInfo
 	switch {
-	case len(v.nodes) == 0 && v.cfg.Validator.Mode == annotations.ValidatorAuto:
+	case len(v.nodes) == 0 && v.nodesUnknown == "" && v.cfg.Validator.Mode == annotations.ValidatorAuto:
 		level = slog.LevelDebug // before the node cache has anything: not a decision yet
 	case last != nil && last.Mode == d.Mode && v.announced:
 		level = slog.LevelDebug // the same mode, a new count of nodes in its reason
@@ -127,16 +166,23 @@ func (v *ValidatorModes) decideLocked() {
 	}
 }
 
-// nodeVersions is the cache's transform for Nodes: of a Node it keeps its name and the
-// kubelet's and runtime's versions, nothing of the rest (its images, conditions, labels), so
-// that a large cluster's nodes cost the webhook little memory.
-func nodeVersions(obj any) (any, error) {
+// nodeImageVolumes is the cache's transform for Nodes: of a Node it keeps its name, its OS and
+// image-volume labels and the kubelet's and runtime's versions, nothing of the rest (its
+// images, conditions, other labels), so that a large cluster's nodes cost the webhook little
+// memory.
+func nodeImageVolumes(obj any) (any, error) {
 	node, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
+	labels := map[string]string{}
+	for _, k := range []string{annotations.ImageVolumesLabel, corev1.LabelOSStable} {
+		if v, ok := node.Labels[k]; ok {
+			labels[k] = v
+		}
+	}
 	return &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: node.Name, ResourceVersion: node.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Name: node.Name, ResourceVersion: node.ResourceVersion, Labels: labels},
 		Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{
 			KubeletVersion: node.Status.NodeInfo.KubeletVersion, ContainerRuntimeVersion: node.Status.NodeInfo.ContainerRuntimeVersion,
 		}},

@@ -7,6 +7,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -70,6 +71,7 @@ names the field. See docs/webhook.md.`,
 	fl.StringVar(&o.ServiceName, "service-name", "detour-webhook", "the webhook's Service, whose DNS names the self-managed certificate is for")
 	fl.StringVar(&o.WebhookConfiguration, "webhook-configuration", "", "MutatingWebhookConfiguration whose caBundle the webhook keeps current (with --cert-secret)")
 	fl.StringVar(&kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, else in-cluster)")
+	fl.DurationVar(&o.ShutdownDelay, "shutdown-delay", 5*time.Second, "at SIGTERM, keep serving this long with /readyz failing before closing, so that the endpoints drop the replica first (0: close at once)")
 	logs.add(fl, "json") // debug logs every admission
 	return cmd
 }

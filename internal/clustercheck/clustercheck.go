@@ -9,6 +9,9 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/webhook"
 )
 
 // Status is the outcome of one check.
@@ -116,6 +119,8 @@ type Checker struct {
 	dial      DialFunc
 	probe     bool
 	now       func() time.Time
+	// gate reads whether the API server keeps image volumes (default: its /metrics).
+	gate func(context.Context) (inject.Gate, string)
 }
 
 // Option configures a Checker.
@@ -138,12 +143,19 @@ func WithDialer(d DialFunc) Option { return func(c *Checker) { c.dial = d } }
 // off (default on).
 func WithAdmissionProbe(on bool) Option { return func(c *Checker) { c.probe = on } }
 
+// WithImageVolumeGate sets how the check reads whether the API server keeps image volumes
+// (default: its /metrics, as the webhook reads them).
+func WithImageVolumeGate(gate func(context.Context) (inject.Gate, string)) Option {
+	return func(c *Checker) { c.gate = gate }
+}
+
 // WithClock sets the clock (tests).
 func WithClock(now func() time.Time) Option { return func(c *Checker) { c.now = now } }
 
 // New returns a Checker that reads the cluster through client.
 func New(client kubernetes.Interface, opts ...Option) *Checker {
 	c := &Checker{client: client, namespace: DefaultNamespace, since: time.Hour, probe: true, now: time.Now}
+	c.gate = func(ctx context.Context) (inject.Gate, string) { return webhook.APIServerGate(ctx, client) }
 	for _, o := range opts {
 		o(c)
 	}
@@ -193,7 +205,7 @@ func (c *Checker) Run(ctx context.Context) Report {
 	r.add(c.checkReadyLabel(s))
 	r.add(c.checkNamespaces(s))
 	r.add(c.checkUninjected(s))
-	r.add(c.checkValidatorMode(s))
+	r.add(c.checkValidatorMode(ctx, s))
 	r.add(c.checkValidators(s))
 	r.add(c.checkRepair(ctx))
 	r.add(c.checkVersionSkew(s))

@@ -26,6 +26,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/repair"
 	"github.com/detourmesh/detour/validator"
 )
@@ -242,6 +243,8 @@ func TestCheckCluster(t *testing.T) {
 		// webhook injects it).
 		admit  func(*corev1.Pod) (*corev1.Pod, error)
 		client func(*fake.Clientset)
+		// gate is the API server's ImageVolume gate (default on).
+		gate inject.Gate
 		// want maps check names to the status and a part of the message.
 		want map[string]struct {
 			status Status
@@ -541,7 +544,18 @@ func TestCheckCluster(t *testing.T) {
 		}, client: serverVersion("v1.37.2"), want: map[string]struct {
 			status Status
 			msg    string
-		}{"validator-mode": {OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: node-b: the kubelet v1.34.3 has image volumes off by default"}}},
+		}{"validator-mode": {OK, "runs as the detour-validator init container: 1 of 2 nodes do not carry detour.dev/image-volumes=true: node-b: the kubelet v1.34.3 has image volumes off by default"}}},
+		// Issue 34: an API server with its ImageVolume gate off keeps no image volume.
+		{name: "the API server's gate off", change: func(f *fixture) {
+			f.cm.Data["config.yaml"] = foldingConfig
+			for _, n := range f.nodes {
+				n.Status.NodeInfo = nodeInfo("v1.37.2")
+				n.Labels[annotations.ImageVolumesLabel] = "true"
+			}
+		}, gate: inject.GateOff, client: serverVersion("v1.35.2"), want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator-mode": {OK, "runs as the detour-validator init container: the API server v1.35.2 has its ImageVolume feature gate off"}}},
 		{name: "image-volume pinned, a node not labelled", change: func(f *fixture) {
 			f.cm.Data["config.yaml"] = foldingConfig + "  mode: image-volume\n"
 			f.nodes[0].Status.NodeInfo, f.nodes[1].Status.NodeInfo = nodeInfo("v1.37.2"), nodeInfo("v1.37.2")
@@ -606,7 +620,12 @@ func TestCheckCluster(t *testing.T) {
 			if tc.server != "" {
 				server = tc.server
 			}
-			r := New(client, WithDialer(dialTo(server)), WithClock(func() time.Time { return now })).Run(context.Background())
+			gate := tc.gate
+			if gate == 0 {
+				gate = inject.GateOn
+			}
+			r := New(client, WithDialer(dialTo(server)), WithClock(func() time.Time { return now }),
+				WithImageVolumeGate(func(context.Context) (inject.Gate, string) { return gate, "" })).Run(context.Background())
 			var text bytes.Buffer
 			r.WriteText(&text)
 			for name, w := range tc.want {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -167,7 +168,12 @@ func webhookPod(t *testing.T, where string, cfg *inject.Config, native bool, tem
 	h := handlers[key]
 	if h == nil {
 		lookup := webhook.NamespaceLookupFunc(func(context.Context, string) (map[string]string, error) { return optedIn, nil })
-		h = webhook.NewHandler(cfg, lookup, native)
+		// The webhook on the cluster detour inject assumes (inject.OfflineCluster(true)): an
+		// API server that keeps image volumes, one node that mounts them.
+		modes := webhook.NewValidatorModes(cfg, "v1.37.2", slog.New(slog.DiscardHandler), nil)
+		modes.SetAPIServerGate(inject.GateOn, "")
+		modes.Handler().OnAdd(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n", Labels: map[string]string{annotations.ImageVolumesLabel: "true"}}}, true)
+		h = webhook.NewHandler(cfg, lookup, native, webhook.WithValidatorModes(modes))
 		handlers[key] = h
 	}
 	resp := h.Handle(context.Background(), admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
@@ -196,7 +202,7 @@ func webhookPod(t *testing.T, where string, cfg *inject.Config, native bool, tem
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(raw, &typed); err != nil {
 		t.Fatal(err)
 	}
-	validator := inject.ResolveValidatorMode(cfg, inject.Cluster{}).Mode
+	validator := inject.ResolveValidatorMode(cfg, inject.OfflineCluster(true)).Mode
 	res, err := inject.Mutate(&typed, inject.Input{Namespace: "shop", NamespaceAnnotations: optedIn, NativeSidecars: native, Validator: validator}, cfg)
 	if err != nil {
 		t.Fatal(err)

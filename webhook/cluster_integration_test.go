@@ -2,6 +2,8 @@ package webhook_test
 
 import (
 	"context"
+	"crypto/tls"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -150,5 +152,36 @@ func TestIntegrationWebhookImageVolumeGate(t *testing.T) {
 	pod, _ = e.admit(t, nil)
 	if got := pod.Annotations[annotations.Validator]; got != string(annotations.ValidatorInitContainer) || !strings.Contains(e.logs.String(), "reading the API server's /metrics was forbidden") {
 		t.Errorf("metrics forbidden: detour.dev/validator = %q; log:\n%s", got, e.logs.String())
+	}
+}
+
+// Issue 34: at SIGTERM a replica first turns unready and keeps serving for its shutdown delay,
+// so that the endpoints drop it before it closes its port: during the delay /readyz fails and
+// admissions are still answered; after it the port is closed and Run returns.
+func TestIntegrationWebhookDrains(t *testing.T) {
+	e := startEnvWith(t, envOptions{shutdownDelay: 3 * time.Second})
+	start := time.Now()
+	e.stop()
+	eventually(t, "/readyz fails", func() bool {
+		resp, err := http.Get("http://" + e.healthAddr + "/readyz")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode != http.StatusOK
+	})
+	if pod, _ := e.admit(t, nil); !annotations.IsInjected(pod.Annotations) {
+		t.Error("an admission while draining was not injected")
+	}
+	if err := <-e.done; err != nil {
+		t.Errorf("webhook.Run: %v", err)
+	}
+	close(e.done)
+	if elapsed := time.Since(start); elapsed < 3*time.Second {
+		t.Errorf("the webhook stopped %s after SIGTERM, before its 3s delay", elapsed)
+	}
+	if c, err := tls.Dial("tcp", e.webhookAddr, &tls.Config{InsecureSkipVerify: true}); err == nil { //nolint:gosec // only whether the port is open
+		c.Close()
+		t.Error("the webhook's port still accepts connections after Run returned")
 	}
 }

@@ -141,6 +141,11 @@ type env struct {
 	webhookAddr string
 	// logs is the webhook's log, when the environment keeps it (envOptions.keepLog).
 	logs *syncBuffer
+	// healthAddr serves /readyz; stop ends the webhook's context (as SIGTERM does) and done
+	// receives Run's result.
+	healthAddr string
+	stop       func()
+	done       chan error
 }
 
 // syncBuffer is a bytes.Buffer that the webhook's logger and the test share.
@@ -171,6 +176,8 @@ type envOptions struct {
 	keepLog  bool
 	// config, when set, replaces the test configuration.
 	config string
+	// shutdownDelay is the webhook's ShutdownDelay.
+	shutdownDelay time.Duration
 }
 
 // startEnv starts the API server and the webhook, its configuration the test one plus extra
@@ -233,12 +240,14 @@ validator:
 			Config: cfg, RESTConfig: webhookCfg,
 			Host: w.LocalServingHost, Port: w.LocalServingPort, CertDir: w.LocalServingCertDir,
 			MetricsAddr: out.metricsAddr, HealthAddr: healthAddr, OwnNamespace: "detour-system",
-			Logger: slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug})),
+			ShutdownDelay: opts.shutdownDelay,
 		})
 	}()
+	out.healthAddr, out.stop, out.done = healthAddr, cancel, done
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
+		if err, ok := <-done; ok && err != nil {
 			t.Errorf("webhook.Run: %v", err)
 		}
 	})

@@ -1,0 +1,130 @@
+package repair
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/validator"
+)
+
+// RecreateAnnotation is set on a bare pod (no controller) whose validator found no redirect;
+// its value tells people to recreate the pod. The controller never deletes such a pod, and
+// acts on it only once: the annotation marks it done.
+const RecreateAnnotation = annotations.RecreateRequired
+
+// EventReason is the reason of every Event the controller records, one per action.
+const EventReason = "DetourCNIRepair"
+
+// Component is the controller's name in Events and logs.
+const Component = "detour-repair"
+
+func (c *Controller) markDone(pod *corev1.Pod) {
+	c.mu.Lock()
+	c.done[pod.UID] = true
+	c.mu.Unlock()
+}
+
+// settle handles the API's answer to action (delete, annotate) on pod: a pod deleted or replaced
+// meanwhile is done with (skipped, gone); a failure is counted and returned, saying which verb
+// the service account needs. It reports whether the action happened.
+func (c *Controller) settle(pod *corev1.Pod, err error, action, verb string) (bool, error) {
+	switch {
+	case apierrors.IsNotFound(err) || apierrors.IsConflict(err):
+		c.markDone(pod)
+		c.metrics.PodsSkipped.WithLabelValues(SkipGone).Inc()
+		return false, nil
+	case err != nil:
+		c.metrics.Errors.WithLabelValues(action).Inc()
+		return false, fmt.Errorf("%s pod %s/%s: %w (the service account needs %s on pods)", action, pod.Namespace, pod.Name, err, verb)
+	}
+	c.markDone(pod)
+	return true, nil
+}
+
+// delete deletes a controller-owned pod, only if it is still the pod that failed (UID
+// precondition): a StatefulSet may already have replaced it under the same name.
+func (c *Controller) delete(ctx context.Context, pod *corev1.Pod, owner *metav1.OwnerReference) error {
+	uid := pod.UID
+	err := c.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}})
+	if done, err := c.settle(pod, err, ActionDelete, "delete"); !done {
+		return err
+	}
+	c.deleted(pod, owner)
+	c.saveBackoff(ctx)
+	c.metrics.PodsDeleted.Inc()
+	msg := fmt.Sprintf("%s exited with code %d on node %s: this pod's network namespace has no traffic redirect, because its sandbox was created before detour's CNI configuration was in place. ",
+		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName)
+	if ownerKind(owner) == jobKind {
+		msg += fmt.Sprintf("The kubelet runs the check again in the same sandbox, where it cannot pass, so the pod would not end as a Job's pod should. Deleted the pod so that its Job %s replaces it with one that gets the redirect; the Job counts the deleted pod as one failure against its backoffLimit.", owner.Name)
+	} else {
+		msg += fmt.Sprintf("Deleted the pod so that its %s %s recreates it with the redirect.", owner.Kind, owner.Name)
+	}
+	c.log.Info("deleted pod so its controller recreates it", "pod", pod.Namespace+"/"+pod.Name, "uid", uid, "owner", owner.Kind+"/"+owner.Name)
+	c.event(ctx, pod, "Delete", msg)
+	return nil
+}
+
+// annotate marks a pod that detour does not delete, because nothing would recreate it the way
+// it was (a bare pod, or an owner not in --recreating-owners).
+func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
+	value := fmt.Sprintf("%s found no traffic redirect (exit code %d): this pod started on node %s before detour's CNI configuration was in place. ",
+		validator.CheckContainer(pod), validator.ExitNoRedirect, c.cfg.NodeName)
+	skip := SkipNoController
+	switch ref := metav1.GetControllerOf(pod); {
+	case ref == nil:
+		value += "It has no controller, so detour does not delete it: delete it and create it again from its manifest."
+	default:
+		skip = SkipOwnerNotRecreating
+		value += fmt.Sprintf("Its owner %s %s is not known to recreate deleted pods (repair's --recreating-owners), so detour does not delete it: recreate it through its owner (for example rerun the workflow or restart the VM).", ownerKind(ref), ref.Name)
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":         pod.UID, // precondition: the pod that failed, not a namesake
+		"annotations": map[string]string{RecreateAnnotation: value},
+	}})
+	_, err := c.client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: Component})
+	if done, err := c.settle(pod, err, ActionAnnotate, "patch"); !done {
+		return err
+	}
+	c.metrics.PodsSkipped.WithLabelValues(skip).Inc()
+	c.log.Info("annotated a pod detour does not delete; it must be recreated by hand", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "reason", skip)
+	c.event(ctx, pod, "Annotate", value+" (annotation "+RecreateAnnotation+")")
+	return nil
+}
+
+// event records one Event for an action on pod. A failure is logged and counted, not retried:
+// the action itself happened.
+func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg string) {
+	now := metav1.NewTime(c.now())
+	prefix := pod.Name
+	if len(prefix) > 230 { // an Event name is at most 253 characters
+		prefix = prefix[:230]
+	}
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", prefix, now.UnixNano()), Namespace: pod.Namespace},
+		InvolvedObject: corev1.ObjectReference{
+			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
+			FieldPath: "spec.initContainers{" + validator.CheckContainer(pod) + "}",
+		},
+		Reason:              EventReason,
+		Message:             msg,
+		Type:                corev1.EventTypeWarning,
+		Source:              corev1.EventSource{Component: Component, Host: c.cfg.NodeName},
+		FirstTimestamp:      now,
+		LastTimestamp:       now,
+		Count:               1,
+		Action:              action,
+		ReportingController: "detour.dev/repair",
+		ReportingInstance:   Component + "-" + c.cfg.NodeName,
+	}
+	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+		c.metrics.Errors.WithLabelValues(ActionEvent).Inc()
+		c.log.Error("record event (the service account needs create on events)", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+}

@@ -17,7 +17,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-ARG VERSION=v0.1.0-dev
+ARG VERSION=v0.2.0-dev
 RUN make build VERSION=${VERSION} BIN=/out
 
 # Nothing but the two static binaries and the users root and nonroot (65532): no shell, no

@@ -1,7 +1,11 @@
 # detour — see README.md. `make demo` runs the local end-to-end demo, `make test` every test;
 # both do their own set-up (Debian packages, the kube-apiserver/etcd/CNI plugin builds).
 
-VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo v0.1.0-dev)
+# Semantic versions: the file VERSION holds the release being made (the chart's version, and
+# its appVersion with a v, the image's tag); a build from the working tree is that release's
+# -dev.<commit> unless VERSION=vX.Y.Z is given (a release build). hack/previous-release names
+# the release before it; CHANGELOG.md lists them.
+VERSION ?= v$(shell cat VERSION)-dev.$(shell git describe --always --dirty 2>/dev/null || echo unknown)
 LDFLAGS := -s -w -X github.com/detourmesh/detour/internal/version.Version=$(VERSION)
 GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0

@@ -29,6 +29,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
@@ -154,6 +155,46 @@ func TestWebhookNodesRuleFollowsTheValidatorMode(t *testing.T) {
 		if has != tc.nodes || metrics != tc.nodes {
 			t.Errorf("validator.mode %q: the webhook's ClusterRole has a rule on nodes: %v, on /metrics: %v; want %v", tc.mode, has, metrics, tc.nodes)
 		}
+	}
+}
+
+// One version for a release (issue 34): the chart's version is the file VERSION, its appVersion
+// (the image tag it installs by default) the same with a v, and hack/previous-release names an
+// older release by a commit.
+func TestChartVersionIsTheRelease(t *testing.T) {
+	raw, err := os.ReadFile("../VERSION")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := strings.TrimSpace(string(raw))
+	current, err := utilversion.ParseSemantic(release)
+	if err != nil {
+		t.Fatalf("VERSION %q is not a semantic version: %v", release, err)
+	}
+	var meta struct{ Version, AppVersion string }
+	b, err := os.ReadFile(filepath.Join(chart, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, &meta); err != nil {
+		t.Fatal(err)
+	}
+	if meta.Version != release || meta.AppVersion != "v"+release {
+		t.Errorf("Chart.yaml has version %q and appVersion %q; VERSION says %q: set them to %q and %q", meta.Version, meta.AppVersion, release, release, "v"+release)
+	}
+	prev, err := os.ReadFile("../hack/previous-release")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := map[string]string{}
+	for line := range strings.Lines(string(prev)) {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), " "); ok && !strings.HasPrefix(k, "#") {
+			fields[k] = v
+		}
+	}
+	pv, err := utilversion.ParseSemantic(fields["version"])
+	if err != nil || !pv.LessThan(current) || len(fields["commit"]) != 40 {
+		t.Errorf("hack/previous-release names %q at commit %q: want a release older than %s and a full commit hash", fields["version"], fields["commit"], release)
 	}
 }
 

@@ -3,8 +3,8 @@
 // that `docker load` and `ctr -n k8s.io images import` accept, or pushes it with --push (with
 // the credentials of `docker login`).
 //
-//	go run ./hack/image --bin bin --version v0.1.0 --out bin/detour-image.tar   # make image
-//	go run ./hack/image --bin bin --version v0.1.0 --ref registry.example.com/detour:v0.1.0 --push
+//	go run ./hack/image --bin bin --version v0.2.0 --out bin/detour-image.tar   # make image
+//	go run ./hack/image --bin bin --version v0.2.0 --ref registry.example.com/detour:v0.2.0 --push
 package main
 
 import (

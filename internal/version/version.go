@@ -3,4 +3,4 @@
 package version
 
 // Version is the detour version; the webhook writes it into the injected marker annotation.
-var Version = "v0.1.0-dev"
+var Version = "v0.2.0-dev"

@@ -197,6 +197,11 @@ func pluginTypes(t *testing.T, conflist string) []string {
 	if err != nil {
 		t.Fatalf("the runtime cannot load the conflist: %v\n%s", err, conflist)
 	}
+	return typesOf(list)
+}
+
+// typesOf returns the plugin types of list, in the order the runtime runs them.
+func typesOf(list *libcni.NetworkConfigList) []string {
 	var types []string
 	for _, p := range list.Plugins {
 		types = append(types, p.Network.Type)
@@ -253,11 +258,7 @@ func loaded(t *testing.T, path string) []string {
 	if err != nil {
 		t.Fatalf("the runtime cannot load %s: %v", path, err)
 	}
-	var types []string
-	for _, p := range list.Plugins {
-		types = append(types, p.Network.Type)
-	}
-	return types
+	return typesOf(list)
 }
 
 // files lists every file and directory under dir, relative to it.

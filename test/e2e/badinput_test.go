@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // The namespaces of the bad-input story: one opted in where every apply is refused, one
@@ -36,20 +37,20 @@ const (
 // a denial naming the annotation, the bad value and the fix, or a warning — and nothing else
 // in the cluster changes: no pod for a denial, the namespace's objects as they were, detour's
 // pods not restarted, no CNI configuration touched, no plugin error, no new webhook error.
-func badInput(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, badNS, true)
-	e.namespace(t, ctx, badAdmittedNS, true)
-	e.namespace(t, ctx, badOffNS, false)
+func badInput(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, badNS, true)
+	e.Namespace(t, ctx, badAdmittedNS, true)
+	e.Namespace(t, ctx, badOffNS, false)
 	nsObj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: badNamespaceN,
 		Annotations: map[string]string{annotations.Inject: "enabled", annotations.SkipOutboundPorts: "smtp"}}}
-	if _, err := e.node.Client.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := e.Node.Client.CoreV1().Namespaces().Create(ctx, nsObj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	if err := e.node.waitServiceAccount(ctx, badNamespaceN); err != nil {
+	if err := e.Node.WaitServiceAccount(ctx, badNamespaceN); err != nil {
 		t.Fatal(err)
 	}
-	before := e.clusterState(t, ctx)
-	refusedBefore := e.webhookRefusals(t, ctx)
+	before := readClusterState(t, ctx, e)
+	refusedBefore := webhookRefusals(t, ctx, e)
 
 	// Refused: each apply fails with exactly this message and creates nothing.
 	mib := strings.Repeat("a", 1<<20)
@@ -113,9 +114,9 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 		want:   []string{"metadata.annotations: Too long: may not be more than 262144 bytes"},
 	}} {
 		ns := cmp.Or(tc.ns, badNS)
-		p := e.pod(tc.name, ns)
+		p := e.Pod(tc.name, ns)
 		p.Annotations = tc.annots
-		_, stderr, err := e.applyPod(t, ctx, p, tc.edit)
+		_, stderr, err := applyPod(t, ctx, e, p, tc.edit)
 		t.Logf("%s: kubectl apply: %v\n%.1000s", tc.name, err, stderr)
 		if err == nil {
 			t.Errorf("%s: kubectl apply succeeded, want it refused", tc.name)
@@ -132,13 +133,13 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 		if len(stderr) > 2048 {
 			t.Errorf("%s: kubectl printed %d bytes; a refusal is a message, not the value", tc.name, len(stderr))
 		}
-		if _, err := e.node.Client.CoreV1().Pods(ns).Get(ctx, tc.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, tc.name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			t.Errorf("%s: the refused pod exists (get: %v)", tc.name, err)
 		}
 	}
 
 	// The webhook logged each of its 8 denials, in a line each, none of them a mebibyte.
-	refused := e.webhookRefusals(t, ctx)
+	refused := webhookRefusals(t, ctx, e)
 	if n := len(refused) - len(refusedBefore); n != 8 {
 		t.Errorf("the webhook logged %d refusals, want 8:\n%.3000s", n, strings.Join(refused, "\n"))
 	}
@@ -151,17 +152,17 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 	// Admitted, with the answer the docs promise.
 	admitted := func(name string, annots map[string]string, mutate func(*corev1.Pod)) (*corev1.Pod, string) {
 		t.Helper()
-		p := e.pod(name, badAdmittedNS)
+		p := e.Pod(name, badAdmittedNS)
 		p.Annotations = annots
 		if mutate != nil {
 			mutate(p)
 		}
-		_, stderr, err := e.applyPod(t, ctx, p, nil)
+		_, stderr, err := applyPod(t, ctx, e, p, nil)
 		if err != nil {
 			t.Fatalf("%s: kubectl apply: %v\n%.2000s", name, err, stderr)
 		}
 		t.Logf("%s: kubectl apply:\n%.1000s", name, stderr)
-		got, err := e.node.Client.CoreV1().Pods(p.Namespace).Get(ctx, name, metav1.GetOptions{})
+		got, err := e.Node.Client.CoreV1().Pods(p.Namespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -210,28 +211,28 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 	big := map[string]string{"example.com/blob": strings.Repeat("b", 100<<10)}
 	admitted("big-value", big, nil)
 	for _, name := range []string{"forged", "big-value"} {
-		p := e.waitReady(t, ctx, badAdmittedNS, "name="+name, 1)[0]
-		e.assertCaptured(t, ctx, p, "app")
+		p := e.WaitReady(t, ctx, badAdmittedNS, "name="+name, 1)[0]
+		e.AssertCaptured(t, ctx, p, "app")
 	}
 	// The webhook-only keys cannot be changed afterwards (the chart's ValidatingAdmissionPolicy).
-	_, stderr, err := e.node.Kubectl(ctx, "-n", badAdmittedNS, "annotate", "pod", "forged", "--overwrite", annotations.ExemptUIDs+"=1000")
+	_, stderr, err := e.Node.Kubectl(ctx, "-n", badAdmittedNS, "annotate", "pod", "forged", "--overwrite", annotations.ExemptUIDs+"=1000")
 	t.Logf("kubectl annotate %s=1000: %v\n%s", annotations.ExemptUIDs, err, stderr)
 	if err == nil {
 		t.Errorf("kubectl annotate of %s succeeded; want the ValidatingAdmissionPolicy's refusal", annotations.ExemptUIDs)
 	}
 	wantLine(t, "annotate", stderr, `ValidatingAdmissionPolicy 'detour-webhook-annotations' with binding 'detour-webhook-annotations' denied request: the detour.dev/ annotations the detour webhook writes (injected, proxy-*, redirect-*, exempt-*, init-egress-status, validator) cannot be changed after the pod is created; recreate the pod (for example kubectl rollout restart) to change its redirect`)
-	if p, err := e.node.Client.CoreV1().Pods(badAdmittedNS).Get(ctx, "forged", metav1.GetOptions{}); err != nil || p.Annotations[annotations.ExemptUIDs] != "1500" {
+	if p, err := e.Node.Client.CoreV1().Pods(badAdmittedNS).Get(ctx, "forged", metav1.GetOptions{}); err != nil || p.Annotations[annotations.ExemptUIDs] != "1500" {
 		t.Errorf("forged: after the refused annotate, %s is %q (%v)", annotations.ExemptUIDs, p.Annotations[annotations.ExemptUIDs], err)
 	}
 
 	// Forged keys on a pod of a namespace that is not opted in: removed, and the plugin leaves
 	// the pod alone.
-	p := e.pod("forged-off", badOffNS)
+	p := e.Pod("forged-off", badOffNS)
 	p.Annotations = forged
-	if _, stderr, err := e.applyPod(t, ctx, p, nil); err != nil {
+	if _, stderr, err := applyPod(t, ctx, e, p, nil); err != nil {
 		t.Fatalf("forged-off: kubectl apply: %v\n%s", err, stderr)
 	}
-	off := e.waitReady(t, ctx, badOffNS, "name=forged-off", 1)[0]
+	off := e.WaitReady(t, ctx, badOffNS, "name=forged-off", 1)[0]
 	for _, k := range annotations.WebhookKeys {
 		if v, ok := off.Annotations[k]; ok {
 			t.Errorf("forged-off: the uninjected pod kept %s=%q", k, v)
@@ -240,36 +241,36 @@ func badInput(t *testing.T, ctx context.Context, e *env) {
 	if len(off.Spec.InitContainers) != 1 || len(off.Spec.Containers) != 1 {
 		t.Errorf("forged-off: the uninjected pod has %d init containers and %d containers, want 1 and 1", len(off.Spec.InitContainers), len(off.Spec.Containers))
 	}
-	e.wantPluginDecision(t, badOffNS+"/forged-off", "skipped: not injected")
-	e.wantPluginDecision(t, badAdmittedNS+"/forged", "redirected")
-	e.wantPluginDecision(t, badAdmittedNS+"/big-value", "redirected")
+	wantPluginDecision(t, e, badOffNS+"/forged-off", "skipped: not injected")
+	wantPluginDecision(t, e, badAdmittedNS+"/forged", "redirected")
+	wantPluginDecision(t, e, badAdmittedNS+"/big-value", "redirected")
 
 	// Nothing else changed. The admitted pods go first; their namespaces are not compared.
 	for _, ns := range []string{badAdmittedNS, badOffNS} {
-		if err := e.node.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
+		if err := e.Node.Client.CoreV1().Pods(ns).DeleteCollection(ctx, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, ctx, "the pods of "+ns+" to be gone", time.Minute, func() (bool, error) {
-			pods, err := e.pods(ctx, ns, "")
+		framework.WaitFor(t, ctx, "the pods of "+ns+" to be gone", time.Minute, func() (bool, error) {
+			pods, err := e.Pods(ctx, ns, "")
 			if err != nil {
 				return false, err
 			}
-			return len(pods) == 0, seen("%d pods left", len(pods))
+			return len(pods) == 0, framework.Seen("%d pods left", len(pods))
 		})
 	}
-	after := e.clusterState(t, ctx)
+	after := readClusterState(t, ctx, e)
 	before.compare(t, after)
 }
 
 // webhookRefusals returns the "admission refused" lines of the webhook's log.
-func (e *env) webhookRefusals(t testing.TB, ctx context.Context) []string {
+func webhookRefusals(t testing.TB, ctx context.Context, e *framework.Env) []string {
 	t.Helper()
-	pods, err := e.pods(ctx, detourNamespace, "app.kubernetes.io/component=webhook")
+	pods, err := e.Pods(ctx, framework.DetourNamespace, "app.kubernetes.io/component=webhook")
 	if err != nil || len(pods) != 1 {
 		t.Fatalf("the webhook's pod: %v (%d pods)", err, len(pods))
 	}
 	var out []string
-	for line := range strings.SplitSeq(e.logs(ctx, detourNamespace, pods[0].Name, "webhook"), "\n") {
+	for line := range strings.SplitSeq(e.Logs(ctx, framework.DetourNamespace, pods[0].Name, "webhook"), "\n") {
 		if strings.Contains(line, `"admission refused"`) {
 			out = append(out, line)
 		}
@@ -286,7 +287,7 @@ func wantLine(t testing.TB, what, out, want string) {
 }
 
 // applyPod writes p as YAML (edited by edit, when set) and runs a real `kubectl apply -f`.
-func (e *env) applyPod(t testing.TB, ctx context.Context, p *corev1.Pod, edit func(string) string) (stdout, stderr string, err error) {
+func applyPod(t testing.TB, ctx context.Context, e *framework.Env, p *corev1.Pod, edit func(string) string) (stdout, stderr string, err error) {
 	t.Helper()
 	p.APIVersion, p.Kind = "v1", "Pod"
 	data, err := yaml.Marshal(p)
@@ -299,19 +300,19 @@ func (e *env) applyPod(t testing.TB, ctx context.Context, p *corev1.Pod, edit fu
 			t.Fatalf("%s: the edit changed nothing in\n%s", p.Name, manifest)
 		}
 	}
-	path := filepath.Join(e.node.Dir, "badinput-"+p.Namespace+"-"+p.Name+".yaml")
+	path := filepath.Join(e.Node.Dir, "badinput-"+p.Namespace+"-"+p.Name+".yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return e.node.Kubectl(ctx, "apply", "-f", path)
+	return e.Node.Kubectl(ctx, "apply", "-f", path)
 }
 
 // wantPluginDecision fails t unless detour-cni's last ADD of pod (namespace/name) decided
 // decision, without an error.
-func (e *env) wantPluginDecision(t testing.TB, pod, decision string) {
+func wantPluginDecision(t testing.TB, e *framework.Env, pod, decision string) {
 	t.Helper()
-	var last *pluginEntry
-	for _, l := range e.pluginLog(t, "ADD", "") {
+	var last *framework.PluginEntry
+	for _, l := range e.PluginLog(t, "ADD", "") {
 		if l.Pod == pod {
 			last = &l
 		}
@@ -333,10 +334,10 @@ type clusterState struct {
 	pluginErrors []string // detour-cni's log entries with an error
 }
 
-func (e *env) clusterState(t testing.TB, ctx context.Context) clusterState {
+func readClusterState(t testing.TB, ctx context.Context, e *framework.Env) clusterState {
 	t.Helper()
 	var s clusterState
-	c := e.node.Client.CoreV1()
+	c := e.Node.Client.CoreV1()
 	for _, ns := range []string{badNS, badNamespaceN} {
 		pods, err1 := c.Pods(ns).List(ctx, metav1.ListOptions{})
 		cms, err2 := c.ConfigMaps(ns).List(ctx, metav1.ListOptions{})
@@ -377,7 +378,7 @@ func (e *env) clusterState(t testing.TB, ctx context.Context) clusterState {
 		switch p.Namespace {
 		case badAdmittedNS, badOffNS:
 			continue
-		case detourNamespace:
+		case framework.DetourNamespace:
 			restarts := []string{}
 			for _, st := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
 				restarts = append(restarts, fmt.Sprintf("%s=%d", st.Name, st.RestartCount))
@@ -386,7 +387,7 @@ func (e *env) clusterState(t testing.TB, ctx context.Context) clusterState {
 		}
 		s.pods = append(s.pods, fmt.Sprintf("%s/%s/%s", p.Namespace, p.Name, p.UID))
 	}
-	err = filepath.WalkDir(e.node.CNIConfDir, func(path string, d os.DirEntry, err error) error {
+	err = filepath.WalkDir(e.Node.CNIConfDir, func(path string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
 		}
@@ -401,7 +402,7 @@ func (e *env) clusterState(t testing.TB, ctx context.Context) clusterState {
 		t.Fatal(err)
 	}
 	for _, cmd := range []string{"ADD", "DEL", "CHECK", "STATUS", "GC"} {
-		for _, l := range e.pluginLog(t, cmd, "") {
+		for _, l := range e.PluginLog(t, cmd, "") {
 			if l.Error != "" {
 				s.pluginErrors = append(s.pluginErrors, fmt.Sprintf("%s %s: %s", l.Command, l.Pod, l.Error))
 			}

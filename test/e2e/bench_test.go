@@ -18,6 +18,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // BenchmarkPodStartLatency measures, on the real node, how long a pod takes from its creation
@@ -32,10 +33,10 @@ import (
 // It prints p50 and p99 of each and the differences to the baseline (make bench-e2e;
 // docs/benchmarks.md).
 func BenchmarkPodStartLatency(b *testing.B) {
-	e := setUp(b)
-	ctx, cancel := testContext(b, e.node, 40*time.Minute)
+	e := framework.SetUp(b)
+	ctx, cancel := framework.Context(b, e.Node, 40*time.Minute)
 	defer cancel()
-	e.ensureInstalled(b, ctx)
+	e.EnsureInstalled(b, ctx)
 	n := 30
 	if v := os.Getenv("DETOUR_E2E_BENCH_PODS"); v != "" {
 		fmt.Sscan(v, &n)
@@ -45,15 +46,15 @@ func BenchmarkPodStartLatency(b *testing.B) {
 		plain    func(*corev1.Pod) // adds the proxy by hand; nil: detour injects it
 		took     []time.Duration
 	}{
-		{name: "1. no detour, the proxy a native sidecar (baseline)", ns: "bench-plain", plain: e.nativeProxy},
+		{name: "1. no detour, the proxy a native sidecar (baseline)", ns: "bench-plain", plain: func(p *corev1.Pod) { nativeProxy(e, p) }},
 		{name: "2. detour, the validator init container", ns: "bench-init"},
 		{name: "3. detour, the check at the proxy's start", ns: "bench-fold"},
-		{name: "4. no detour, the proxy a regular container", ns: "bench-plain", plain: e.regularProxy},
+		{name: "4. no detour, the proxy a regular container", ns: "bench-plain", plain: func(p *corev1.Pod) { regularProxy(e, p) }},
 	}
-	e.namespace(b, ctx, "bench-plain", false)
-	e.namespace(b, ctx, "bench-fold", true)
-	e.namespace(b, ctx, "bench-init", true)
-	if _, err := e.node.Client.CoreV1().Namespaces().Patch(ctx, "bench-init", "application/merge-patch+json",
+	e.Namespace(b, ctx, "bench-plain", false)
+	e.Namespace(b, ctx, "bench-fold", true)
+	e.Namespace(b, ctx, "bench-init", true)
+	if _, err := e.Node.Client.CoreV1().Namespaces().Patch(ctx, "bench-init", "application/merge-patch+json",
 		[]byte(`{"metadata":{"annotations":{"detour.dev/validator-mode":"init-container"}}}`), metav1.PatchOptions{}); err != nil {
 		b.Fatal(err)
 	}
@@ -61,7 +62,7 @@ func BenchmarkPodStartLatency(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		for j := 0; j < n; j++ {
 			for k := range rows {
-				d, err := e.podStart(ctx, rows[k].ns, fmt.Sprintf("p%d-%d-%d", i, j, k), rows[k].plain)
+				d, err := podStart(ctx, e, rows[k].ns, fmt.Sprintf("p%d-%d-%d", i, j, k), rows[k].plain)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -84,19 +85,19 @@ func BenchmarkPodStartLatency(b *testing.B) {
 // nativeProxy and regularProxy add the test proxy by hand, as the webhook would add it (same
 // image, command, user and startup probe) but without detour: a native sidecar, or a regular
 // container.
-func (e *env) nativeProxy(p *corev1.Pod) {
-	c := e.plainProxy()
+func nativeProxy(e *framework.Env, p *corev1.Pod) {
+	c := plainProxy(e)
 	c.RestartPolicy = ptr.To(corev1.ContainerRestartPolicyAlways)
 	p.Spec.InitContainers = append([]corev1.Container{c}, p.Spec.InitContainers...)
 }
 
-func (e *env) regularProxy(p *corev1.Pod) {
-	p.Spec.Containers = append(p.Spec.Containers, e.plainProxy())
+func regularProxy(e *framework.Env, p *corev1.Pod) {
+	p.Spec.Containers = append(p.Spec.Containers, plainProxy(e))
 }
 
-func (e *env) plainProxy() corev1.Container {
+func plainProxy(e *framework.Env) corev1.Container {
 	return corev1.Container{
-		Name: "proxy", Image: e.art.refs.Proxy, ImagePullPolicy: corev1.PullNever, Command: []string{"testproxy"},
+		Name: "proxy", Image: e.Artifacts.Refs.Proxy, ImagePullPolicy: corev1.PullNever, Command: []string{"testproxy"},
 		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](2102)},
 		StartupProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(4191)}},
@@ -108,8 +109,8 @@ func (e *env) plainProxy() corev1.Container {
 // podStart creates one pod (plain adds the proxy by hand, else the webhook injects it) and
 // returns the time from the create call to the watch event that shows it Ready; the pod is
 // deleted afterwards.
-func (e *env) podStart(ctx context.Context, ns, name string, plain func(*corev1.Pod)) (time.Duration, error) {
-	pod := e.pod(name, ns)
+func podStart(ctx context.Context, e *framework.Env, ns, name string, plain func(*corev1.Pod)) (time.Duration, error) {
+	pod := e.Pod(name, ns)
 	// The app's readiness probe reaches the app in every row: redirected, a TCP probe would be
 	// answered at once by the proxy's inbound listener, before the app listens, and the rows
 	// with detour would gain up to a probe period (1 s) over the others for nothing of theirs.
@@ -117,7 +118,7 @@ func (e *env) podStart(ctx context.Context, ns, name string, plain func(*corev1.
 	if plain != nil {
 		plain(pod)
 	}
-	pods := e.node.Client.CoreV1().Pods(ns)
+	pods := e.Node.Client.CoreV1().Pods(ns)
 	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + name})
 	if err != nil {
 		return 0, err
@@ -135,11 +136,11 @@ func (e *env) podStart(ctx context.Context, ns, name string, plain func(*corev1.
 			if !ok {
 				return 0, fmt.Errorf("the watch of pod %s/%s ended", ns, name)
 			}
-			if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted && podReady(p) {
+			if p, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted && framework.PodReady(p) {
 				return time.Since(start), nil
 			}
 		case <-timeout:
-			return 0, fmt.Errorf("pod %s/%s not Ready within 2 minutes:\n%s", ns, name, e.describe(ctx, ns))
+			return 0, fmt.Errorf("pod %s/%s not Ready within 2 minutes:\n%s", ns, name, e.Describe(ctx, ns))
 		}
 	}
 }
@@ -161,14 +162,14 @@ func percentiles(d []time.Duration) (p50, p99 time.Duration) {
 // image comes from the cluster's registry, which the new node has never pulled from (make
 // bench-e2e; docs/benchmarks.md).
 func BenchmarkNodeJoin(b *testing.B) {
-	e := setUp(b)
-	ctx, cancel := testContext(b, e.node, 40*time.Minute)
+	e := framework.SetUp(b)
+	ctx, cancel := framework.Context(b, e.Node, 40*time.Minute)
 	defer cancel()
-	e.ensureInstalled(b, ctx)
-	e.useRegistry(b, ctx)
-	defer e.useImported(b, ctx)
-	e.cordon(b, ctx, e.node.Name)
-	defer e.uncordon(b, ctx, e.node.Name)
+	e.EnsureInstalled(b, ctx)
+	e.UseRegistry(b, ctx)
+	defer e.UseImported(b, ctx)
+	e.Cordon(b, ctx, e.Node.Name)
+	defer e.Uncordon(b, ctx, e.Node.Name)
 	n := 5
 	if v := os.Getenv("DETOUR_E2E_BENCH_JOINS"); v != "" {
 		fmt.Sscan(v, &n)
@@ -181,33 +182,33 @@ func BenchmarkNodeJoin(b *testing.B) {
 		{name: "with detour (startup taint, agent, injected pod)", ns: "join-detour", detour: true},
 		{name: "without detour (plain pod)", ns: "join-plain"},
 	}
-	e.namespace(b, ctx, "join-detour", true)
-	e.namespace(b, ctx, "join-plain", false)
+	e.Namespace(b, ctx, "join-detour", true)
+	e.Namespace(b, ctx, "join-plain", false)
 	b.ResetTimer()
 	for i := 0; i < b.N*n; i++ {
 		for k := range rows {
 			r := &rows[k]
 			name := fmt.Sprintf("join-%d-%d", k, i)
-			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, onNode(e.pod("p", r.ns), name), metav1.CreateOptions{}); err != nil {
+			if _, err := e.Node.Client.CoreV1().Pods(r.ns).Create(ctx, framework.OnNode(e.Pod("p", r.ns), name), metav1.CreateOptions{}); err != nil {
 				b.Fatal(err)
 			}
-			var opts Options
+			var opts framework.Options
 			if r.detour {
-				opts.Taints, opts.Labels = []string{StartupTaint + ":NoSchedule"}, []string{agentLabel + "=yes"}
+				opts.Taints, opts.Labels = []string{framework.StartupTaint + ":NoSchedule"}, []string{framework.AgentLabel + "=yes"}
 			}
 			start := time.Now()
-			node := e.joinNode(b, ctx, name, opts)
-			e.waitReady(b, ctx, r.ns, "name=p", 1)
+			node := e.JoinNode(b, ctx, name, opts)
+			e.WaitReady(b, ctx, r.ns, "name=p", 1)
 			r.took = append(r.took, time.Since(start))
-			e.node.Client.CoreV1().Pods(r.ns).Delete(ctx, "p", metav1.DeleteOptions{})
-			waitFor(b, ctx, "pod p to go", 2*time.Minute, func() (bool, error) {
-				_, err := e.node.Client.CoreV1().Pods(r.ns).Get(ctx, "p", metav1.GetOptions{})
+			e.Node.Client.CoreV1().Pods(r.ns).Delete(ctx, "p", metav1.DeleteOptions{})
+			framework.WaitFor(b, ctx, "pod p to go", 2*time.Minute, func() (bool, error) {
+				_, err := e.Node.Client.CoreV1().Pods(r.ns).Get(ctx, "p", metav1.GetOptions{})
 				if apierrors.IsNotFound(err) {
 					return true, nil
 				}
 				return false, err
 			})
-			e.remove(b, node)
+			e.Remove(b, node)
 		}
 	}
 	b.StopTimer()
@@ -227,14 +228,14 @@ func BenchmarkNodeJoin(b *testing.B) {
 // p50 and p99), then 256 MiB through one connection. The proxies are the e2e's test proxy
 // (io.Copy both ways), not a mesh's (make bench-e2e; docs/benchmarks.md).
 func BenchmarkCrossNode(b *testing.B) {
-	e := setUp(b)
-	ctx, cancel := testContext(b, e.node, 30*time.Minute)
+	e := framework.SetUp(b)
+	ctx, cancel := framework.Context(b, e.Node, 30*time.Minute)
 	defer cancel()
-	e.ensureInstalled(b, ctx)
-	e.useRegistry(b, ctx)
-	defer e.useImported(b, ctx)
-	other := e.join(b, ctx, "bench-b")
-	defer e.remove(b, other)
+	e.EnsureInstalled(b, ctx)
+	e.UseRegistry(b, ctx)
+	defer e.UseImported(b, ctx)
+	other := e.Join(b, ctx, "bench-b")
+	defer e.Remove(b, other)
 	conns := 500
 	if v := os.Getenv("DETOUR_E2E_BENCH_CONNS"); v != "" {
 		fmt.Sscan(v, &conns)
@@ -252,34 +253,34 @@ func BenchmarkCrossNode(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		for k := range rows {
 			r := &rows[k]
-			e.namespace(b, ctx, r.ns, r.inject)
-			server := onNode(e.pod("sink", r.ns), other.Name)
+			e.Namespace(b, ctx, r.ns, r.inject)
+			server := framework.OnNode(e.Pod("sink", r.ns), other.Name)
 			server.Spec.Containers[0].Args = []string{"serve", "-listen", ":8080", "-sink"}
-			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, server, metav1.CreateOptions{}); err != nil {
+			if _, err := e.Node.Client.CoreV1().Pods(r.ns).Create(ctx, server, metav1.CreateOptions{}); err != nil {
 				b.Fatal(err)
 			}
-			target := e.waitReady(b, ctx, r.ns, "name=sink", 1)[0].Status.PodIP + ":8080"
-			client := onNode(e.pod("load", r.ns), e.node.Name)
+			target := e.WaitReady(b, ctx, r.ns, "name=sink", 1)[0].Status.PodIP + ":8080"
+			client := framework.OnNode(e.Pod("load", r.ns), e.Node.Name)
 			client.Spec.RestartPolicy = corev1.RestartPolicyNever
 			client.Spec.Containers[0].ReadinessProbe = nil
 			client.Spec.Containers[0].Args = []string{"dial", "-must", "-retry", "30s", "-addr", target,
 				"then", "load", "-addr", target, "-conns", fmt.Sprint(conns), "-bytes", fmt.Sprint(256 << 20), "then", "sleep"}
-			if _, err := e.node.Client.CoreV1().Pods(r.ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
+			if _, err := e.Node.Client.CoreV1().Pods(r.ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
 				b.Fatal(err)
 			}
-			waitFor(b, ctx, "the load of "+r.name, 10*time.Minute, func() (bool, error) {
-				logs := e.logs(ctx, r.ns, "load", "app")
+			framework.WaitFor(b, ctx, "the load of "+r.name, 10*time.Minute, func() (bool, error) {
+				logs := e.Logs(ctx, r.ns, "load", "app")
 				if m := line.FindStringSubmatch(logs); m != nil {
 					r.result = m[1:]
 					return true, nil
 				}
-				p, err := e.node.Client.CoreV1().Pods(r.ns).Get(ctx, "load", metav1.GetOptions{})
+				p, err := e.Node.Client.CoreV1().Pods(r.ns).Get(ctx, "load", metav1.GetOptions{})
 				if err == nil && p.Status.Phase == corev1.PodFailed {
 					return false, fmt.Errorf("the load failed: %s", logs)
 				}
-				return false, seen("log: %s", tail(logs, 3))
+				return false, framework.Seen("log: %s", framework.Tail(logs, 3))
 			})
-			e.dropNamespaces(b, ctx, r.ns)
+			e.DropNamespaces(b, ctx, r.ns)
 		}
 	}
 	b.StopTimer()

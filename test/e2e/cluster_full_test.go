@@ -5,6 +5,8 @@ package e2e
 import (
 	"testing"
 	"time"
+
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // TestE2ECluster runs every story of a cluster rather than a node (issue 22) on the bridge
@@ -17,11 +19,11 @@ import (
 // stopped when it ends: go test runs it before TestE2E starts the shared node (the order of
 // their files), never beside it.
 func TestE2ECluster(t *testing.T) {
-	e := ownEnv(t, Options{Taints: []string{StartupTaint + ":NoSchedule"}})
-	ctx, cancel := testContext(t, e.node, 25*time.Minute)
+	e := framework.OwnEnv(t, framework.Options{Taints: []string{framework.StartupTaint + ":NoSchedule"}})
+	ctx, cancel := framework.Context(t, e.Node, 25*time.Minute)
 	defer cancel()
-	e.ensureInstalled(t, ctx)
-	e.onCluster(t, ctx, []clusterStory{
+	e.EnsureInstalled(t, ctx)
+	onCluster(t, ctx, e, []clusterStory{
 		{"cross-node", clusterCrossNode},
 		{"per-node-scoping", clusterPerNodeScoping},
 		{"primary-rewrites-on-every-node", clusterRewrites},

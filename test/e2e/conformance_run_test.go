@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
@@ -28,17 +29,12 @@ import (
 // The nodes register without detour's startup taint: the first run has no node agent to
 // remove it, and the e2e suite waits for nodes without taints.
 func TestConformance(t *testing.T) {
-	bin := requireNode(t)
-	shared.once.Do(func() { shared.env, shared.err = newEnv(bin, Options{}) })
-	if shared.err != nil {
-		t.Fatalf("set up the node: %v", shared.err)
-	}
-	e := shared.env
-	ctx, cancel := testContext(t, e.node, 4*time.Hour)
+	e := framework.SetUpWith(t, framework.Options{})
+	ctx, cancel := framework.Context(t, e.Node, 4*time.Hour)
 	defer cancel()
-	e.joinNode(t, ctx, "e2e-node-b", Options{Images: e.art.tarballs})
+	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{Images: e.Artifacts.Tarballs})
 
-	list, err := exec.CommandContext(ctx, e.node.bin("e2e.test"), "--list-tests").Output()
+	list, err := exec.CommandContext(ctx, e.Node.Bin("e2e.test"), "--list-tests").Output()
 	if err != nil {
 		t.Fatalf("e2e.test --list-tests: %v", err)
 	}
@@ -51,17 +47,17 @@ func TestConformance(t *testing.T) {
 	}
 	dir := os.Getenv("DETOUR_CONFORMANCE_DIR")
 	if dir == "" {
-		dir = filepath.Join(e.root, "bin", "conformance")
+		dir = filepath.Join(e.Root, "bin", "conformance")
 	}
 	if dir, err = filepath.Abs(dir); err != nil {
 		t.Fatal(err)
 	}
 	run := func(prefix string) ([]upstream.Result, time.Duration) {
 		t.Helper()
-		o := e.upstreamOptions(dir, prefix, tests, 3*time.Hour)
-		o.Procs, o.Ginkgo = procs, e.node.bin("ginkgo")
+		o := upstreamOptions(e, dir, prefix, tests, 3*time.Hour)
+		o.Procs, o.Ginkgo = procs, e.Node.Bin("ginkgo")
 		start := time.Now()
-		results, err := upstream.Run(ctx, e.node.RunSplit, o)
+		results, err := upstream.Run(ctx, e.Node.RunSplit, o)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,11 +65,11 @@ func TestConformance(t *testing.T) {
 	}
 	without, tookWithout := run("without-detour-")
 
-	e.installDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
-	for _, n := range e.node.Nodes() {
-		e.setNodeAgent(t, ctx, n, true)
+	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	for _, n := range e.Node.Nodes() {
+		e.SetNodeAgent(t, ctx, n, true)
 	}
-	rec, err := upstream.Record(ctx, e.node.Client)
+	rec, err := upstream.Record(ctx, e.Node.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,8 +100,8 @@ func TestConformance(t *testing.T) {
 }
 
 // kubernetesVersion is e2e.test's own version.
-func kubernetesVersion(e *env) string {
-	out, err := exec.Command(e.node.bin("e2e.test"), "--version").Output()
+func kubernetesVersion(e *framework.Env) string {
+	out, err := exec.Command(e.Node.Bin("e2e.test"), "--version").Output()
 	if err != nil {
 		return fmt.Sprintf("(no version: %v)", err)
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
@@ -15,15 +16,15 @@ import (
 // detour injecting every pod they create (the mesh-wide story left defaultInject enabled):
 // each must pass, and at least 95% of their pod-network pods must be injected, as the API
 // server shows them. `make conformance` runs the whole selection, without detour and with it.
-func conformanceSmoke(t *testing.T, ctx context.Context, e *env) {
-	rec, err := upstream.Record(ctx, e.node.Client)
+func conformanceSmoke(t *testing.T, ctx context.Context, e *framework.Env) {
+	rec, err := upstream.Record(ctx, e.Node.Client)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer rec.Stop()
-	dir := filepath.Join(e.node.Dir, "conformance")
+	dir := filepath.Join(e.Node.Dir, "conformance")
 	start := time.Now()
-	results, err := upstream.Run(ctx, e.node.RunSplit, e.upstreamOptions(dir, "smoke-", upstream.Smoke, 20*time.Minute))
+	results, err := upstream.Run(ctx, e.Node.RunSplit, upstreamOptions(e, dir, "smoke-", upstream.Smoke, 20*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,14 +40,14 @@ func conformanceSmoke(t *testing.T, ctx context.Context, e *env) {
 	}
 	if t.Failed() {
 		log, _ := os.ReadFile(filepath.Join(dir, "smoke-e2e.log"))
-		t.Logf("e2e.test's log ends with:\n%s", tail(string(log), 80))
+		t.Logf("e2e.test's log ends with:\n%s", framework.Tail(string(log), 80))
 	}
 }
 
 // upstreamOptions are a run of e2e.test inside the control-plane node as admin.
-func (e *env) upstreamOptions(dir, prefix string, tests []string, timeout time.Duration) upstream.Options {
+func upstreamOptions(e *framework.Env, dir, prefix string, tests []string, timeout time.Duration) upstream.Options {
 	return upstream.Options{
-		Binary: e.node.bin("e2e.test"), Kubectl: e.node.bin("kubectl"), Kubeconfig: e.node.Kubeconfig,
-		ReportDir: dir, Prefix: prefix, Tests: tests, Nodes: len(e.node.Nodes()), Timeout: timeout,
+		Binary: e.Node.Bin("e2e.test"), Kubectl: e.Node.Bin("kubectl"), Kubeconfig: e.Node.Kubeconfig,
+		ReportDir: dir, Prefix: prefix, Tests: tests, Nodes: len(e.Node.Nodes()), Timeout: timeout,
 	}
 }

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,134 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/internal/fsutil"
-	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
-
-// dropInPath is detour's drop-in for the primary's network; nodeDropIn is another node's.
-func (e *env) dropInPath() string { return nodeDropIn(e.node) }
-
-func nodeDropIn(n *Node) string {
-	return filepath.Join(n.CNIConfDir, n.Primary(), nodeagent.DropInName)
-}
-
-// detourConfigs lists the files that hold detour's configuration, in either form: a
-// configuration file in the conf dir naming detour-cni, or a *.conf drop-in in one of its
-// subdirectories naming it.
-func (e *env) detourConfigs() ([]string, error) {
-	var found []string
-	for _, pattern := range []string{"*.conf", "*.conflist", "*.json", "*/*.conf"} {
-		matches, err := filepath.Glob(filepath.Join(e.node.CNIConfDir, pattern))
-		if err != nil {
-			return nil, err
-		}
-		for _, m := range matches {
-			data, err := os.ReadFile(m)
-			if err != nil {
-				return nil, err
-			}
-			if strings.Contains(string(data), "detour-cni") {
-				found = append(found, m)
-			}
-		}
-	}
-	return found, nil
-}
-
-// waitDetourConfigs waits until exactly the files want hold detour's configuration.
-func (e *env) waitDetourConfigs(t testing.TB, ctx context.Context, what string, want ...string) {
-	t.Helper()
-	var got []string
-	waitFor(t, ctx, what, time.Minute, func() (bool, error) {
-		var err error
-		if got, err = e.detourConfigs(); err != nil {
-			return false, err
-		}
-		return strings.Join(got, " ") == strings.Join(want, " "), seen("detour's configuration in %v", got)
-	})
-}
-
-// agentLog is the node agent's log.
-func (e *env) agentLog(t testing.TB, ctx context.Context) string {
-	t.Helper()
-	p, err := e.agentPod(ctx, e.node.Name)
-	if err != nil || p == nil {
-		t.Fatalf("find the node agent's pod on %s: %v", e.node.Name, err)
-	}
-	return e.logs(ctx, detourNamespace, p.Name, "install-cni")
-}
-
-// heldLogs are the node agent's container logs on a node, held open so that what the agent
-// writes until it exits can be read after the kubelet removed the files.
-type heldLogs struct{ files []*os.File }
-
-// holdAgentLogs opens the running container log (<restart count>.log, the highest) of every
-// node agent's pod on node n.
-func (e *env) holdAgentLogs(ctx context.Context, n *Node) (*heldLogs, error) {
-	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/component=node-agent", FieldSelector: "spec.nodeName=" + n.Name,
-	})
-	if err != nil {
-		return nil, err
-	}
-	h := &heldLogs{}
-	for _, p := range pods.Items {
-		dir := filepath.Join(n.Dir, "pod-logs", p.Namespace+"_"+p.Name+"_"+string(p.UID), "install-cni")
-		entries, err := os.ReadDir(dir)
-		if err != nil {
-			h.Close()
-			return nil, fmt.Errorf("the node agent's log on the node: %w", err)
-		}
-		newest, restarts := "", -1
-		for _, e := range entries {
-			if n, err := strconv.Atoi(strings.TrimSuffix(e.Name(), ".log")); err == nil && n > restarts {
-				newest, restarts = e.Name(), n
-			}
-		}
-		if restarts < 0 {
-			h.Close()
-			return nil, fmt.Errorf("the node agent's log on the node: no <n>.log in %s", dir)
-		}
-		f, err := os.Open(filepath.Join(dir, newest))
-		if err != nil {
-			h.Close()
-			return nil, fmt.Errorf("the node agent's log on the node: %w", err)
-		}
-		h.files = append(h.files, f)
-	}
-	return h, nil
-}
-
-// read returns what the agents logged since the last read (the first: since they started).
-func (h *heldLogs) read() string {
-	var b strings.Builder
-	for _, f := range h.files {
-		rest, _ := io.ReadAll(f) // to the file's end, which is the agent's exit once it exited
-		b.Write(rest)
-	}
-	return b.String()
-}
-
-// atSIGTERM reads the logs on (see read) and returns the messages of the agent's decision at
-// SIGTERM, each followed by a space.
-func (h *heldLogs) atSIGTERM() string {
-	var decision string
-	for line := range strings.Lines(h.read()) {
-		if strings.Contains(line, "stopping") || strings.Contains(line, "SIGTERM") || strings.Contains(line, "uninstall") ||
-			(strings.Contains(line, "token") && strings.Contains(line, "refuses")) {
-			if _, msg, ok := strings.Cut(line, " msg="); ok { // past the CRI log prefix, the time and level
-				line = msg
-			}
-			decision += strings.TrimSpace(line) + " "
-		}
-	}
-	return decision
-}
-
-func (h *heldLogs) Close() {
-	for _, f := range h.files {
-		f.Close()
-	}
-}
 
 // dropInSurvivesRewrites: on containerd 2.4 the agent's auto mode installs detour as the
 // drop-in <conf dir>/e2e/zz-detour-cni.conf and leaves the primary's conflist alone. The
@@ -152,41 +24,41 @@ func (h *heldLogs) Close() {
 // times (atomic rename and in-place write, content changed and unchanged), once with the
 // drop-in and once with the in-file entry (a helm upgrade to cniConfigMode chained-entry and
 // back, each leaving exactly one detour configuration on the node).
-func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *env) {
-	e.waitDetourConfigs(t, ctx, "auto to put detour's drop-in in place, and nothing in the conflist", e.dropInPath())
-	if log := e.agentLog(t, ctx); !strings.Contains(log, "mode=drop-in") || !strings.Contains(log, "containerd") || !strings.Contains(log, "loads drop-ins") {
-		t.Errorf("the agent's log does not say it chose drop-in because containerd loads drop-ins:\n%s", tail(log, 20))
+func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.WaitDetourConfigs(t, ctx, "auto to put detour's drop-in in place, and nothing in the conflist", e.DropInPath())
+	if log := e.AgentLog(t, ctx); !strings.Contains(log, "mode=drop-in") || !strings.Contains(log, "containerd") || !strings.Contains(log, "loads drop-ins") {
+		t.Errorf("the agent's log does not say it chose drop-in because containerd loads drop-ins:\n%s", framework.Tail(log, 20))
 	}
 
-	e.setAgent(t, ctx, false)
-	if err := e.node.WritePrimaryConfig(); err != nil {
+	e.SetAgent(t, ctx, false)
+	if err := e.Node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
-	if data := readFile(e.node.PrimaryConfigPath()); strings.Contains(data, "detour-cni") {
+	if data := framework.ReadFile(e.Node.PrimaryConfigPath()); strings.Contains(data, "detour-cni") {
 		t.Fatalf("the rewritten conflist holds detour-cni:\n%s", data)
 	}
-	e.namespace(t, ctx, "dropin", true)
-	if _, err := e.node.Client.CoreV1().Pods("dropin").Create(ctx, e.pod("rewritten", "dropin"), metav1.CreateOptions{}); err != nil {
+	e.Namespace(t, ctx, "dropin", true)
+	if _, err := e.Node.Client.CoreV1().Pods("dropin").Create(ctx, e.Pod("rewritten", "dropin"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := e.waitReady(t, ctx, "dropin", "name=rewritten", 1)[0]
-	if code := checkExit(&p); code != 0 {
+	p := e.WaitReady(t, ctx, "dropin", "name=rewritten", 1)[0]
+	if code := framework.CheckExit(&p); code != 0 {
 		t.Errorf("pod rewritten: the validator exited %d, want 0", code)
 	}
-	e.assertCaptured(t, ctx, p, "rewritten")
-	e.setAgent(t, ctx, true)
+	e.AssertCaptured(t, ctx, p, "rewritten")
+	e.SetAgent(t, ctx, true)
 
-	dropIn := e.churn(t, ctx, "churn-dropin")
+	dropIn := churn(t, ctx, e, "churn-dropin")
 	if dropIn.failed != 0 {
 		t.Errorf("with the drop-in, %d of %d pods started without rules during %d rewrites of the conflist", dropIn.failed, dropIn.pods, dropIn.rewrites)
 	}
 
-	e.installDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
-	e.waitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.node.PrimaryConfigPath())
-	inFile := e.churn(t, ctx, "churn-entry")
+	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	e.WaitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.Node.PrimaryConfigPath())
+	inFile := churn(t, ctx, e, "churn-entry")
 
-	e.installDetour(t, ctx, "")
-	e.waitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.dropInPath())
+	e.InstallDetour(t, ctx, "")
+	e.WaitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.DropInPath())
 	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist)",
 		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites)
 }
@@ -197,10 +69,10 @@ type churnResult struct{ pods, failed, rewrites int }
 // times, 300ms apart, on each of nodes at once (the control-plane node when none is given),
 // and counts the pods whose validator found no rules (exit 42). With more than one node, each
 // wave's pods are spread over them.
-func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node) churnResult {
+func churn(t testing.TB, ctx context.Context, e *framework.Env, ns string, nodes ...*framework.Node) churnResult {
 	t.Helper()
 	if len(nodes) == 0 {
-		nodes = []*Node{e.node}
+		nodes = []*framework.Node{e.Node}
 	}
 	type conflist struct{ path, base, changed string }
 	var files []conflist
@@ -209,11 +81,11 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node
 		if err := n.WritePrimaryConfig(); err != nil {
 			t.Fatal(err)
 		}
-		base := readFile(n.PrimaryConfigPath())
+		base := framework.ReadFile(n.PrimaryConfigPath())
 		files = append(files, conflist{n.PrimaryConfigPath(), base,
 			strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)})
 	}
-	return e.podWaves(t, ctx, ns, nodes, func() int {
+	return podWaves(t, ctx, e, ns, nodes, func() int {
 		for i := range 50 {
 			for _, f := range files {
 				content := f.base
@@ -244,9 +116,9 @@ func (e *env) churn(t testing.TB, ctx context.Context, ns string, nodes ...*Node
 // disturb runs (and the wave that is under way then), and counts them and those whose validator
 // found no rules (exit 42). disturb returns the number of disturbances it made, the result's
 // rewrites.
-func (e *env) podWaves(t testing.TB, ctx context.Context, ns string, nodes []*Node, disturb func() int) churnResult {
+func podWaves(t testing.TB, ctx context.Context, e *framework.Env, ns string, nodes []*framework.Node, disturb func() int) churnResult {
 	t.Helper()
-	e.namespace(t, ctx, ns, true)
+	e.Namespace(t, ctx, ns, true)
 	var res churnResult
 	var wg sync.WaitGroup
 	done := make(chan struct{})
@@ -256,7 +128,7 @@ func (e *env) podWaves(t testing.TB, ctx context.Context, ns string, nodes []*No
 		defer close(done)
 		res.rewrites = disturb()
 	}()
-	pods := e.node.Client.CoreV1().Pods(ns)
+	pods := e.Node.Client.CoreV1().Pods(ns)
 	for wave := 0; ; wave++ {
 		select {
 		case <-done:
@@ -264,9 +136,9 @@ func (e *env) podWaves(t testing.TB, ctx context.Context, ns string, nodes []*No
 			var names []string
 			for i := range 4 {
 				name := fmt.Sprintf("w%d-%d", wave, i)
-				p := e.pod(name, ns)
+				p := e.Pod(name, ns)
 				if len(nodes) > 1 {
-					onNode(p, nodes[i%len(nodes)].Name)
+					framework.OnNode(p, nodes[i%len(nodes)].Name)
 				}
 				if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
@@ -275,15 +147,15 @@ func (e *env) podWaves(t testing.TB, ctx context.Context, ns string, nodes []*No
 			}
 			for _, name := range names {
 				var p *corev1.Pod
-				waitFor(t, ctx, "pod "+ns+"/"+name+"'s validator to finish", 2*time.Minute, func() (bool, error) {
+				framework.WaitFor(t, ctx, "pod "+ns+"/"+name+"'s validator to finish", 2*time.Minute, func() (bool, error) {
 					var err error
 					if p, err = pods.Get(ctx, name, metav1.GetOptions{}); err != nil {
 						return false, err
 					}
-					return checkExit(p) >= 0, seen("pod phase %s, init containers %+v", p.Status.Phase, p.Status.InitContainerStatuses)
+					return framework.CheckExit(p) >= 0, framework.Seen("pod phase %s, init containers %+v", p.Status.Phase, p.Status.InitContainerStatuses)
 				})
 				res.pods++
-				if checkExit(p) != 0 {
+				if framework.CheckExit(p) != 0 {
 					res.failed++
 				}
 				if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {

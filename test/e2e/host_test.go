@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/images"
 	"github.com/detourmesh/detour/test/testenv"
 )
@@ -38,14 +39,14 @@ const untidyHostEnv = "DETOUR_E2E_UNTIDY_HOST"
 // the host untidy without touching the real one (a tmpfs over its /run, a containerd whose
 // state lives there); the real host's links and mounts are compared before and after.
 func TestIntegrationNodeOnAnUntidyHost(t *testing.T) {
-	bin := requireNode(t)
+	bin := framework.RequireNode(t)
 	if os.Getenv(untidyHostEnv) == "1" {
 		nodeOnUntidyHost(t, bin)
 		return
 	}
 	testenv.LockHost(t) // no other package's test changes the host's links or mounts meanwhile
 	hostLinks, hostMounts := linkNames(t), mountCount(t)
-	ctx, cancel := testContext(t, nil, 12*time.Minute)
+	ctx, cancel := framework.Context(t, nil, 12*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "/proc/self/exe", "-test.run", "^"+t.Name()+"$", "-test.v", "-test.count", "1", "-test.timeout", "11m")
 	cmd.Env = append(os.Environ(), untidyHostEnv+"=1")
@@ -68,7 +69,7 @@ func TestIntegrationNodeOnAnUntidyHost(t *testing.T) {
 
 // nodeOnUntidyHost is the test's own-mount-namespace half.
 func nodeOnUntidyHost(t *testing.T, bin string) {
-	ctx, cancel := testContext(t, nil, 10*time.Minute)
+	ctx, cancel := framework.Context(t, nil, 10*time.Minute)
 	defer cancel()
 	host := makeUntidyHost(t, ctx, bin)
 
@@ -76,7 +77,7 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := Start(ctx, bin, Options{Images: []string{built.Tarball}, PauseImage: built.Refs.Pause})
+	n, err := framework.Start(ctx, bin, framework.Options{Images: []string{built.Tarball}, PauseImage: built.Refs.Pause})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,7 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 	defer stopWatch()
 
 	// The node's mount table holds nothing of the host's below the directories it replaces.
-	mounts, err := mountsUnder(n.holder.pid, replacedDirs...)
+	mounts, err := framework.MountsUnder(n.HolderPID(), framework.ReplacedDirs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,14 +125,14 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 			if err != nil {
 				return false, err
 			}
-			if !podReady(p) || !startedAfter(p, since) {
-				return false, seen("pod web: phase %s, ready %v, containers %s", p.Status.Phase, podReady(p), containerStates(p))
+			if !framework.PodReady(p) || !startedAfter(p, since) {
+				return false, framework.Seen("pod web: phase %s, ready %v, containers %s", p.Status.Phase, framework.PodReady(p), framework.ContainerStates(p))
 			}
 			_, err = n.Greeting(ctx, p.Status.PodIP+":8080")
 			return err == nil, err
 		}
 	}
-	waitFor(t, ctx, "pod web to serve", 2*time.Minute, serving(time.Time{}))
+	framework.WaitFor(t, ctx, "pod web to serve", 2*time.Minute, serving(time.Time{}))
 
 	rebooted := time.Now()
 	detail, err := n.Reboot(ctx)
@@ -139,7 +140,7 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 		t.Fatalf("reboot: %v", err)
 	}
 	t.Logf("reboot: %s", detail)
-	waitFor(t, ctx, "pod web to serve again after the reboot", 3*time.Minute, serving(rebooted))
+	framework.WaitFor(t, ctx, "pod web to serve again after the reboot", 3*time.Minute, serving(rebooted))
 
 	// A reboot that fails half-way (containerd died before it) still leaves the node running.
 	if err := n.StopComponent("containerd"); err != nil {
@@ -149,24 +150,24 @@ func nodeOnUntidyHost(t *testing.T, bin string) {
 		t.Fatalf("a reboot with containerd gone: got %v, want its failure to stop containerd", err)
 	}
 	for _, c := range []string{"containerd", "kubelet"} {
-		if _, dead := n.exited(c); dead || n.pid(c) == 0 {
+		if _, dead := n.Exited(c); dead || n.PID(c) == 0 {
 			t.Errorf("%s is not running after the failed reboot", c)
 		}
 	}
 	// Its pods were not touched: they serve on, through the restarted kubelet.
-	waitFor(t, ctx, "pod web to serve after the failed reboot", time.Minute, serving(time.Time{}))
-	if ready, msg := nodeCondition(ctx, n); !ready {
+	framework.WaitFor(t, ctx, "pod web to serve after the failed reboot", time.Minute, serving(time.Time{}))
+	if ready, msg := framework.NodeCondition(ctx, n); !ready {
 		t.Errorf("the node is not Ready after the failed reboot: %s", msg)
 	}
 
 	host.check(t)
 
 	// A component that dies ends every wait on the watched context at once, saying which.
-	if err := syscall.Kill(n.pid("kubelet"), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(n.PID("kubelet"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	err = poll(ctx, time.Minute, func() (bool, error) { return false, seen("a condition that never holds") })
+	err = framework.Poll(ctx, time.Minute, func() (bool, error) { return false, framework.Seen("a condition that never holds") })
 	t.Logf("a wait with the kubelet dead: %v", err)
 	if err == nil || !strings.Contains(err.Error(), "component kubelet exited") || time.Since(start) > 10*time.Second {
 		t.Errorf("a wait while the kubelet was dead ended after %s with %v; want it to end at once naming the kubelet", time.Since(start).Round(time.Millisecond), err)
@@ -227,7 +228,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
 	}
 	t.Cleanup(func() { h.containerd.Process.Kill(); h.containerd.Wait(); log.Close() })
 	h.ctr = []string{filepath.Join(bin, "ctr"), "--address", "/run/containerd/containerd.sock", "version"}
-	waitFor(t, ctx, "the host's containerd to answer", 30*time.Second, func() (bool, error) {
+	framework.WaitFor(t, ctx, "the host's containerd to answer", 30*time.Second, func() (bool, error) {
 		out, err := exec.CommandContext(ctx, h.ctr[0], h.ctr[1:]...).CombinedOutput()
 		if err != nil {
 			return false, fmt.Errorf("%v: %s", err, out)
@@ -236,7 +237,7 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime",
 	})
 
 	// The node's ports, taken on the host's loopback (a host that runs its own control plane).
-	for _, port := range []int{2379, apiPort, 10250, 10257, 10259, serverPort} {
+	for _, port := range []int{2379, framework.APIPort, 10250, 10257, 10259, framework.ServerPort} {
 		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 		if err != nil {
 			continue // taken already: untidy enough
@@ -268,36 +269,4 @@ func (h *untidyHost) check(t *testing.T) {
 	if err := h.containerd.Process.Signal(syscall.Signal(0)); errors.Is(err, os.ErrProcessDone) {
 		t.Errorf("the host's containerd is gone")
 	}
-}
-
-// containerStates summarises p's containers for a wait's message: name, state, restarts.
-func containerStates(p *corev1.Pod) string {
-	var parts []string
-	for _, c := range append(slices.Clone(p.Status.InitContainerStatuses), p.Status.ContainerStatuses...) {
-		state := "waiting"
-		switch {
-		case c.State.Running != nil:
-			state = "running since " + c.State.Running.StartedAt.UTC().Format(time.TimeOnly)
-		case c.State.Terminated != nil:
-			state = fmt.Sprintf("exited %d", c.State.Terminated.ExitCode)
-		case c.State.Waiting != nil:
-			state = "waiting: " + c.State.Waiting.Reason
-		}
-		parts = append(parts, fmt.Sprintf("%s %s, %d restarts", c.Name, state, c.RestartCount))
-	}
-	return "[" + strings.Join(parts, "; ") + "]"
-}
-
-// nodeCondition returns whether the node is Ready and its Ready condition's message.
-func nodeCondition(ctx context.Context, n *Node) (bool, string) {
-	node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
-	if err != nil {
-		return false, err.Error()
-	}
-	for _, c := range node.Status.Conditions {
-		if c.Type == corev1.NodeReady {
-			return c.Status == corev1.ConditionTrue, c.Message
-		}
-	}
-	return false, "no Ready condition"
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -29,7 +30,7 @@ import (
 // configuration is back, repair deletes the first kind, the Jobs replace their pods, and both
 // Jobs complete within their backoffLimit, through the proxy; the CronJob's run completes and
 // its next run starts on schedule and completes too.
-func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
+func seed000Jobs(t *testing.T, ctx context.Context, e *framework.Env) {
 	const (
 		ns       = "late-jobs"
 		proxyJob = "proxy-check"     // the check at the proxy's start
@@ -38,30 +39,30 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 		jobLabel = "batch.kubernetes.io/job-name"
 		backoff  = 6
 	)
-	e.namespace(t, ctx, ns, true)
-	defer e.dropNamespaces(t, ctx, ns)
-	jobs := e.node.Client.BatchV1().Jobs(ns)
+	e.Namespace(t, ctx, ns, true)
+	defer e.DropNamespaces(t, ctx, ns)
+	jobs := e.Node.Client.BatchV1().Jobs(ns)
 
 	// The node loses detour's configuration, as in seed000Repair; the agent, and with it
 	// repair, is away until the story brings it back.
-	e.setAgent(t, ctx, false)
+	e.SetAgent(t, ctx, false)
 	restored := false
 	defer func() {
 		if !restored { // the next stories need the node whole
-			e.setAgent(t, context.WithoutCancel(ctx), true)
+			e.SetAgent(t, context.WithoutCancel(ctx), true)
 		}
 	}()
-	if err := os.RemoveAll(filepath.Dir(e.dropInPath())); err != nil {
+	if err := os.RemoveAll(filepath.Dir(e.DropInPath())); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.node.WritePrimaryConfig(); err != nil {
+	if err := e.Node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
 
 	template := func(name string, podAnnotations map[string]string) batchv1.JobSpec {
-		pod := e.pod(name, ns)
+		pod := e.Pod(name, ns)
 		pod.Spec.RestartPolicy = corev1.RestartPolicyNever
-		pod.Spec.Containers[0].Args = []string{"dial", "-must", "-addr", e.server}
+		pod.Spec.Containers[0].Args = []string{"dial", "-must", "-addr", e.Server}
 		return batchv1.JobSpec{
 			BackoffLimit: ptr.To[int32](backoff),
 			Template:     corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: pod.Labels, Annotations: podAnnotations}, Spec: pod.Spec},
@@ -71,7 +72,7 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 	validatorContainer := map[string]string{annotations.SidecarMode: "native", annotations.ValidatorMode: string(annotations.ValidatorInitContainer)}
 
 	// The CronJob first: its first run comes at the next minute.
-	if _, err := e.node.Client.BatchV1().CronJobs(ns).Create(ctx, &batchv1.CronJob{
+	if _, err := e.Node.Client.BatchV1().CronJobs(ns).Create(ctx, &batchv1.CronJob{
 		ObjectMeta: metav1.ObjectMeta{Name: cron, Namespace: ns},
 		Spec: batchv1.CronJobSpec{
 			Schedule:                   "* * * * *",
@@ -84,18 +85,18 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 		t.Fatal(err)
 	}
 	var firstRun string // the CronJob's Job whose pod failed its check
-	waitFor(t, ctx, "the CronJob's first run to fail its check at the proxy's start", 3*time.Minute, func() (bool, error) {
-		pods, err := e.pods(ctx, ns, "")
+	framework.WaitFor(t, ctx, "the CronJob's first run to fail its check at the proxy's start", 3*time.Minute, func() (bool, error) {
+		pods, err := e.Pods(ctx, ns, "")
 		if err != nil {
 			return false, err
 		}
 		for _, p := range pods {
-			if run := p.Labels[jobLabel]; strings.HasPrefix(run, cron+"-") && folded(&p) && checkExit(&p) == int(validator.ExitNoRedirect) {
+			if run := p.Labels[jobLabel]; strings.HasPrefix(run, cron+"-") && framework.ChecksAtProxyStart(&p) && framework.CheckExit(&p) == int(validator.ExitNoRedirect) {
 				firstRun = run
 				return true, nil
 			}
 		}
-		return false, seen("pods:\n%s", e.describe(ctx, ns))
+		return false, framework.Seen("pods:\n%s", e.Describe(ctx, ns))
 	})
 	// Then the Jobs, late, so that the one whose pods fail by themselves uses little of its
 	// backoffLimit while the node is broken.
@@ -104,8 +105,8 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, ctx, "both Jobs' pods to fail their check (no redirect)", 2*time.Minute, func() (bool, error) {
-		pods, err := e.pods(ctx, ns, "")
+	framework.WaitFor(t, ctx, "both Jobs' pods to fail their check (no redirect)", 2*time.Minute, func() (bool, error) {
+		pods, err := e.Pods(ctx, ns, "")
 		if err != nil {
 			return false, err
 		}
@@ -113,15 +114,15 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 		for _, p := range pods {
 			switch p.Labels[jobLabel] {
 			case proxyJob:
-				inProxy = inProxy || folded(&p) && checkExit(&p) == int(validator.ExitNoRedirect)
+				inProxy = inProxy || framework.ChecksAtProxyStart(&p) && framework.CheckExit(&p) == int(validator.ExitNoRedirect)
 			case initJob:
-				inValidator = inValidator || !folded(&p) && p.Status.Phase == corev1.PodFailed && initExit(&p, annotations.ValidatorContainer) == int(validator.ExitNoRedirect)
+				inValidator = inValidator || !framework.ChecksAtProxyStart(&p) && p.Status.Phase == corev1.PodFailed && framework.InitExit(&p, annotations.ValidatorContainer) == int(validator.ExitNoRedirect)
 			}
 		}
-		return inProxy && inValidator, seen("at the proxy's start: %v, in the validator (pod Failed): %v; pods:\n%s", inProxy, inValidator, e.describe(ctx, ns))
+		return inProxy && inValidator, framework.Seen("at the proxy's start: %v, in the validator (pod Failed): %v; pods:\n%s", inProxy, inValidator, e.Describe(ctx, ns))
 	})
 	// What the issue is about: where the check runs at the proxy's start, nothing ends the pod.
-	pods, err := e.pods(ctx, ns, jobLabel+" in ("+proxyJob+","+firstRun+")")
+	pods, err := e.Pods(ctx, ns, jobLabel+" in ("+proxyJob+","+firstRun+")")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,18 +133,18 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 	}
 
 	// detour's configuration comes back; repair acts once the node is ready again.
-	e.setAgent(t, ctx, true)
+	e.SetAgent(t, ctx, true)
 	restored = true
 	for _, name := range []string{proxyJob, initJob} {
-		waitFor(t, ctx, "Job "+name+" to complete", 5*time.Minute, func() (bool, error) {
+		framework.WaitFor(t, ctx, "Job "+name+" to complete", 5*time.Minute, func() (bool, error) {
 			j, err := jobs.Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return false, err
 			}
 			if jobFailed(j) {
-				return false, fmt.Errorf("job %s failed: %+v\n%s", name, j.Status, e.describe(ctx, ns))
+				return false, fmt.Errorf("job %s failed: %+v\n%s", name, j.Status, e.Describe(ctx, ns))
 			}
-			return j.Status.Succeeded == 1, seen("job status %+v; pods:\n%s", j.Status, e.describe(ctx, ns))
+			return j.Status.Succeeded == 1, framework.Seen("job status %+v; pods:\n%s", j.Status, e.Describe(ctx, ns))
 		})
 		j, err := jobs.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
@@ -155,20 +156,20 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 			t.Errorf("Job %s: %d failed pods, want from 1 to its backoffLimit %d", name, j.Status.Failed, backoff)
 		}
 		// The pod that completed reached the server through its proxy.
-		done, err := e.pods(ctx, ns, jobLabel+"="+name)
+		done, err := e.Pods(ctx, ns, jobLabel+"="+name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		i := slices.IndexFunc(done, func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
 		if i < 0 {
 			t.Errorf("Job %s has no Succeeded pod", name)
-		} else if log := e.logs(ctx, ns, done[i].Name, annotations.ProxyContainer); !strings.Contains(log, "-> "+e.server) {
-			t.Errorf("Job %s's pod %s completed, but its proxy carried no connection to %s:\n%s", name, done[i].Name, e.server, log)
+		} else if log := e.Logs(ctx, ns, done[i].Name, annotations.ProxyContainer); !strings.Contains(log, "-> "+e.Server) {
+			t.Errorf("Job %s's pod %s completed, but its proxy carried no connection to %s:\n%s", name, done[i].Name, e.Server, log)
 		}
 	}
 	// repair deleted the pod whose check ran at the proxy's start, saying why; it left the
 	// pods the kubelet failed to their Job.
-	evs, err := e.node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + repair.EventReason})
+	evs, err := e.Node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + repair.EventReason})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,7 +189,7 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 	}
 
 	// The CronJob's run completes, and its next one is not held up by concurrencyPolicy Forbid.
-	waitFor(t, ctx, "the CronJob's first run to complete and a later run to complete", 4*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, "the CronJob's first run to complete and a later run to complete", 4*time.Minute, func() (bool, error) {
 		list, err := jobs.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
@@ -199,7 +200,7 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *env) {
 				succeeded = append(succeeded, j.Name)
 			}
 		}
-		return slices.Contains(succeeded, firstRun) && len(succeeded) >= 2, seen("the CronJob's completed runs %v (the first: %s); pods:\n%s", succeeded, firstRun, e.describe(ctx, ns))
+		return slices.Contains(succeeded, firstRun) && len(succeeded) >= 2, framework.Seen("the CronJob's completed runs %v (the first: %s); pods:\n%s", succeeded, firstRun, e.Describe(ctx, ns))
 	})
 }
 

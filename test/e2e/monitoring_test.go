@@ -16,6 +16,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // alertsFireAndResolve (issue 24): a Prometheus server built from the Prometheus module scrapes
@@ -25,7 +27,7 @@ import (
 // configuration leaves the node, and an opted-in Deployment gets pods:
 // DetourNodeWithoutConfiguration and DetourValidatorsCatchingPods go firing in Prometheus' own
 // API; once the primary is fixed they resolve.
-func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
+func alertsFireAndResolve(t *testing.T, ctx context.Context, e *framework.Env) {
 	const (
 		withoutConfig = "DetourNodeWithoutConfiguration"
 		catching      = "DetourValidatorsCatchingPods"
@@ -33,58 +35,57 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 	)
 	// The catching alert's rate window shrinks too, so that it resolves a minute after the last
 	// catch rather than five (the shipped window is manifests/testdata/alerts_test.yaml's).
-	prom := e.startPrometheus(t, ctx, map[string]string{withoutConfig: "10s", catching: "10s"},
-		map[string]string{"rate(detour_repair_pods_seen_total[5m])": "rate(detour_repair_pods_seen_total[1m])"})
+	prom := startPrometheus(t, ctx, e, map[string]string{withoutConfig: "10s", catching: "10s"}, map[string]string{"rate(detour_repair_pods_seen_total[5m])": "rate(detour_repair_pods_seen_total[1m])"})
 
 	// Scraped through the annotations: the node agent (with repair's metrics merged in) and
 	// the webhook, each series with the node it runs on.
-	waitFor(t, ctx, "Prometheus to scrape the node agent, repair and the webhook", 2*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, "Prometheus to scrape the node agent, repair and the webhook", 2*time.Minute, func() (bool, error) {
 		var missing []string
 		for _, q := range []string{
-			`detour_node_cni_entry_in_place{node="` + NodeName + `"} == 1`,
-			`detour_repair_pods{node="` + NodeName + `", state="injected"}`,
-			`detour_cni_add_duration_seconds_count{node="` + NodeName + `", result="redirected"} > 0`,
+			`detour_node_cni_entry_in_place{node="` + framework.NodeName + `"} == 1`,
+			`detour_repair_pods{node="` + framework.NodeName + `", state="injected"}`,
+			`detour_cni_add_duration_seconds_count{node="` + framework.NodeName + `", result="redirected"} > 0`,
 			`detour_webhook_admissions_total{outcome="injected"} > 0`,
 			`detour_webhook_certificate_expiry_timestamp_seconds > time()`,
 			// DetourNodeAgentNotScraped's selector finds the agent's target (issue 32.5).
-			`up{pod=~"detour-node-agent-.+", node="` + NodeName + `"} == 1`,
+			`up{pod=~"detour-node-agent-.+", node="` + framework.NodeName + `"} == 1`,
 		} {
 			if res, err := prom.query(ctx, q); err != nil || len(res) == 0 {
 				missing = append(missing, fmt.Sprintf("%s (%v)", q, err))
 			}
 		}
-		return len(missing) == 0, seen("no result yet for %v", missing)
+		return len(missing) == 0, framework.Seen("no result yet for %v", missing)
 	})
 	if firing := prom.firing(t, ctx, withoutConfig, catching); len(firing) > 0 {
 		t.Fatalf("alerts firing on a healthy node: %v", firing)
 	}
-	e.dashboardQueriesRun(t, ctx, prom)
+	dashboardQueriesRun(t, ctx, e, prom)
 
 	// The primary writes a configuration detour will not chain into: its configuration leaves
 	// the node, and pods start without their redirect.
 	broke := time.Now()
-	if err := e.node.WritePrimaryConfigVersion("0.2.0"); err != nil {
+	if err := e.Node.WritePrimaryConfigVersion("0.2.0"); err != nil {
 		t.Fatal(err)
 	}
 	fixed := false
 	defer func() {
 		if !fixed {
-			e.node.WritePrimaryConfig()
+			e.Node.WritePrimaryConfig()
 		}
 	}()
-	e.namespace(t, ctx, "watched", true)
-	defer e.node.Client.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), "watched", metav1.DeleteOptions{})
-	if _, err := e.node.Client.AppsV1().Deployments("watched").Create(ctx, e.deployment("watched", "watched", 2), metav1.CreateOptions{}); err != nil {
+	e.Namespace(t, ctx, "watched", true)
+	defer e.Node.Client.CoreV1().Namespaces().Delete(context.WithoutCancel(ctx), "watched", metav1.DeleteOptions{})
+	if _, err := e.Node.Client.AppsV1().Deployments("watched").Create(ctx, e.Deployment("watched", "watched", 2), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	firedAt := map[string]time.Duration{}
-	waitFor(t, ctx, withoutConfig+" and "+catching+" to fire", 4*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, withoutConfig+" and "+catching+" to fire", 4*time.Minute, func() (bool, error) {
 		for _, name := range prom.firing(t, ctx, withoutConfig, catching) {
 			if _, ok := firedAt[name]; !ok {
 				firedAt[name] = time.Since(broke)
 			}
 		}
-		return len(firedAt) == 2, seen("firing so far: %v", firedAt)
+		return len(firedAt) == 2, framework.Seen("firing so far: %v", firedAt)
 	})
 	t.Logf("firing after the primary was broken: %v (for: %v each, scrape and evaluation every 2s)", firedAt, forTime)
 	if firedAt[withoutConfig] < forTime {
@@ -93,21 +94,21 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 
 	// The primary is fixed: detour's configuration comes back, the pods are repaired, and the
 	// alerts resolve (DetourValidatorsCatchingPods once no pod was caught for its window).
-	if err := e.node.WritePrimaryConfig(); err != nil {
+	if err := e.Node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
 	fixed = true
 	fixedAt := time.Now()
-	e.waitReady(t, ctx, "watched", "app=watched", 2)
+	e.WaitReady(t, ctx, "watched", "app=watched", 2)
 	resolvedAt := map[string]time.Duration{}
-	waitFor(t, ctx, "both alerts to resolve", 8*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, "both alerts to resolve", 8*time.Minute, func() (bool, error) {
 		firing := prom.firing(t, ctx, withoutConfig, catching)
 		for _, name := range []string{withoutConfig, catching} {
 			if _, ok := resolvedAt[name]; !ok && !slices.Contains(firing, name) {
 				resolvedAt[name] = time.Since(fixedAt)
 			}
 		}
-		return len(firing) == 0, seen("still firing: %v", firing)
+		return len(firing) == 0, framework.Seen("still firing: %v", firing)
 	})
 	t.Logf("resolved after the primary was fixed: %v", resolvedAt)
 }
@@ -115,7 +116,7 @@ func alertsFireAndResolve(t *testing.T, ctx context.Context, e *env) {
 // dashboardQueriesRun runs every query of the chart's Grafana dashboard on the live server, with
 // Grafana's variables set as a user would leave them: each must be valid PromQL, and those of
 // the panels that show a healthy node's state must return data.
-func (e *env) dashboardQueriesRun(t *testing.T, ctx context.Context, prom *prometheus) {
+func dashboardQueriesRun(t *testing.T, ctx context.Context, e *framework.Env, prom *prometheus) {
 	t.Helper()
 	var dashboard struct {
 		Panels []struct {
@@ -125,7 +126,7 @@ func (e *env) dashboardQueriesRun(t *testing.T, ctx context.Context, prom *prome
 			} `json:"targets"`
 		} `json:"panels"`
 	}
-	if err := json.Unmarshal([]byte(readFile(filepath.Join(e.root, "manifests", "charts", "detour", "files", "dashboard.json"))), &dashboard); err != nil {
+	if err := json.Unmarshal([]byte(framework.ReadFile(filepath.Join(e.Root, "manifests", "charts", "detour", "files", "dashboard.json"))), &dashboard); err != nil {
 		t.Fatal(err)
 	}
 	grafana := strings.NewReplacer("$__rate_interval", "1m", "$node", ".*", "${datasource}", "")
@@ -141,9 +142,9 @@ func (e *env) dashboardQueriesRun(t *testing.T, ctx context.Context, prom *prome
 				continue
 			}
 			// A rate needs two samples in its window: the server may have just started.
-			waitFor(t, ctx, fmt.Sprintf("panel %q's query %q to return data", p.Title, q.Expr), time.Minute, func() (bool, error) {
+			framework.WaitFor(t, ctx, fmt.Sprintf("panel %q's query %q to return data", p.Title, q.Expr), time.Minute, func() (bool, error) {
 				res, err := prom.query(ctx, expr)
-				return err == nil && len(res) > 0, seen("%d series, %v", len(res), err)
+				return err == nil && len(res) > 0, framework.Seen("%d series, %v", len(res), err)
 			})
 		}
 	}
@@ -159,18 +160,18 @@ type prometheus struct {
 // of the chart's PrometheusRule rendered with the for: overrides given and each exprRewrites
 // key replaced by its value (the test fails if one is missing), starts the server and stops it
 // when the test ends.
-func (e *env) startPrometheus(t *testing.T, ctx context.Context, forOverrides, exprRewrites map[string]string) *prometheus {
+func startPrometheus(t *testing.T, ctx context.Context, e *framework.Env, forOverrides, exprRewrites map[string]string) *prometheus {
 	t.Helper()
-	dir := e.node.PrometheusDir()
+	dir := e.Node.PrometheusDir()
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	args := []string{"template", "detour", filepath.Join(e.root, "manifests", "charts", "detour"), "--namespace", detourNamespace,
-		"--values", filepath.Join(e.node.Dir, "values.yaml"), "--set", "metrics.prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml"}
+	args := []string{"template", "detour", filepath.Join(e.Root, "manifests", "charts", "detour"), "--namespace", framework.DetourNamespace,
+		"--values", filepath.Join(e.Node.Dir, "values.yaml"), "--set", "metrics.prometheusRule.enabled=true", "--show-only", "templates/monitoring.yaml"}
 	for alert, d := range forOverrides {
 		args = append(args, "--set", fmt.Sprintf("metrics.prometheusRule.alerts.%s.for=%s", alert, d))
 	}
-	out, err := e.node.Helm(ctx, args...)
+	out, err := e.Node.Helm(ctx, args...)
 	if err != nil {
 		t.Fatalf("render the chart's PrometheusRule: %v", err)
 	}
@@ -218,29 +219,29 @@ scrape_configs:
         target_label: pod
       - source_labels: [__meta_kubernetes_pod_node_name]
         target_label: node
-`, e.node.Kubeconfig)
+`, e.Node.Kubeconfig)
 	for name, content := range map[string][]byte{"prometheus.yml": []byte(config), "rules.yaml": rules} {
 		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := e.node.StartComponent(ctx, "prometheus"); err != nil {
+	if err := e.Node.StartComponent(ctx, "prometheus"); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := e.node.StopComponent("prometheus"); err != nil {
+		if err := e.Node.StopComponent("prometheus"); err != nil {
 			t.Errorf("stop Prometheus: %v", err)
 		}
 		os.RemoveAll(filepath.Join(dir, "data"))
 	})
 	return &prometheus{client: &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
-		DialContext: netnsDialer{e.node.holder.netns()}.DialContext,
+		DialContext: e.Node.Dial,
 	}}}
 }
 
 // get GETs path from Prometheus' HTTP API and decodes its data into out.
 func (p *prometheus) get(ctx context.Context, path string, out any) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+PrometheusAddr+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+framework.PrometheusAddr+path, nil)
 	if err != nil {
 		return err
 	}
@@ -293,7 +294,7 @@ func (p *prometheus) firing(t *testing.T, ctx context.Context, names ...string) 
 	for _, a := range data.Alerts {
 		name := a.Labels["alertname"]
 		if a.State == "firing" && slices.Contains(names, name) && !slices.Contains(firing, name) {
-			if node, ok := a.Labels["node"]; ok && node != NodeName {
+			if node, ok := a.Labels["node"]; ok && node != framework.NodeName {
 				continue
 			}
 			firing = append(firing, name)

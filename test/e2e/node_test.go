@@ -7,50 +7,21 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/detourmesh/detour/test/e2e/preflight"
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/testenv"
-)
-
-// nodeBinaries are the binaries a node needs from hack/test-binaries.sh.
-var nodeBinaries = []string{
-	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kubectl",
-	"containerd", "ctr", "containerd-shim-runc-v2", "runc", "bridge", "host-local", "loopback", "portmap", "helm",
-	"prometheus", "kube-proxy", "coredns", "e2e.test", "agnhost", "debian-rootfs.tar",
-}
-
-// requireNode skips (or, in CI, fails) the test when a node cannot run here, saying every
-// reason at once (see package preflight), and returns the binaries' directory.
-func requireNode(t testing.TB) string {
-	t.Helper()
-	testenv.Privileged(t)
-	preflightOnce.Do(func() {
-		preflightErr = preflight.Err(preflight.Check(preflight.Options{
-			RunDir: os.Getenv("DETOUR_E2E_DIR"), BinDir: testenv.BinDir(), Binaries: nodeBinaries,
-		}))
-	})
-	if preflightErr != nil {
-		testenv.Unavailable(t, preflightErr.Error())
-	}
-	return testenv.BinDir()
-}
-
-var (
-	preflightOnce sync.Once
-	preflightErr  error
 )
 
 // TestIntegrationNodeLeavesNothing starts a bare node (no images, no pods), checks that it
 // registers and is Ready, has two more nodes join it (one leaves on its own, the other with the
 // control-plane node), stops it, and checks that nothing of any of them is left on the host.
 func TestIntegrationNodeLeavesNothing(t *testing.T) {
-	bin := requireNode(t)
+	bin := framework.RequireNode(t)
 	testenv.LockHost(t) // no other package's test changes the host's links meanwhile
 	hostLinks := linkNames(t)
 	hostMounts := mountCount(t)
@@ -58,24 +29,24 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	start := time.Now()
-	n, err := Start(ctx, bin, Options{Taints: []string{StartupTaint + ":NoSchedule"}, PauseImage: "detour.test/pause:1"})
+	n, err := framework.Start(ctx, bin, framework.Options{Taints: []string{framework.StartupTaint + ":NoSchedule"}, PauseImage: "detour.test/pause:1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("node Ready %.1fs after start", time.Since(start).Seconds())
-	node, err := n.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	node, err := n.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !hasStartupTaint(node) {
-		t.Errorf("node %s has taints %v, want %s", NodeName, node.Spec.Taints, StartupTaint)
+	if !framework.HasStartupTaint(node) {
+		t.Errorf("node %s has taints %v, want %s", framework.NodeName, node.Spec.Taints, framework.StartupTaint)
 	}
-	if got := node.Status.Addresses; len(got) == 0 || got[0].Address != nodeIP.String() {
-		t.Errorf("node addresses %v, want %s first", got, nodeIP)
+	if got := node.Status.Addresses; len(got) == 0 || got[0].Address != framework.NodeIP.String() {
+		t.Errorf("node addresses %v, want %s first", got, framework.NodeIP)
 	}
-	var joined []*Node
+	var joined []*framework.Node
 	for _, name := range []string{"e2e-node-b", "e2e-node-c"} {
-		w, err := n.Join(ctx, name, Options{Taints: []string{StartupTaint + ":NoSchedule"}})
+		w, err := n.Join(ctx, name, framework.Options{Taints: []string{framework.StartupTaint + ":NoSchedule"}})
 		if err != nil {
 			n.Stop()
 			t.Fatal(err)
@@ -87,13 +58,13 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := underlayAddr(i + 1).String(); len(got.Status.Addresses) == 0 || got.Status.Addresses[0].Address != want {
+		if want := framework.UnderlayAddr(i + 1).String(); len(got.Status.Addresses) == 0 || got.Status.Addresses[0].Address != want {
 			t.Errorf("node %s addresses %v, want %s first", w.Name, got.Status.Addresses, want)
 		}
 		// The API server reaches each kubelet over the underlay (logs, exec go this way). A
 		// node is Ready before the API server's first connection to its kubelet, and CI's
 		// machine runs other packages' tests meanwhile: give it time.
-		err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		err = framework.Poll(ctx, 2*time.Minute, func() (bool, error) {
 			body, err := n.Client.CoreV1().RESTClient().Get().AbsPath("/api/v1/nodes", w.Name, "proxy", "healthz").DoRaw(ctx)
 			if err != nil {
 				return false, fmt.Errorf("%w: %s", err, body)
@@ -114,19 +85,19 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	}
 	// A node that leaves is no dead node; a joined node's component that dies ends every wait
 	// on the watched context at once, naming the node.
-	sleepCtx(watched, 2500*time.Millisecond)
+	framework.SleepCtx(watched, 2500*time.Millisecond)
 	if err := context.Cause(watched); err != nil {
 		t.Errorf("the watch ended when node %s left: %v", joined[0].Name, err)
 	}
-	if err := syscall.Kill(joined[1].pid("kubelet"), syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(joined[1].PID("kubelet"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	err = poll(watched, time.Minute, func() (bool, error) { return false, seen("a condition that never holds") })
+	err = framework.Poll(watched, time.Minute, func() (bool, error) { return false, framework.Seen("a condition that never holds") })
 	if want := "node " + joined[1].Name + ": component kubelet exited"; err == nil || !strings.Contains(err.Error(), want) || time.Since(killed) > 10*time.Second {
 		t.Errorf("a wait with %s's kubelet dead ended after %s with %v; want it to end at once with %q", joined[1].Name, time.Since(killed).Round(time.Millisecond), err, want)
 	}
-	dir, cgroup := n.Dir, n.cgroup
+	dir, cgroup := n.Dir, n.Cgroup
 	if err := n.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +105,7 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 	if _, err := os.Stat(dir); !os.IsNotExist(err) && os.Getenv("DETOUR_E2E_KEEP") == "" {
 		t.Errorf("the run's directory %s is still there (%v)", dir, err)
 	}
-	dirs, _ := cgroupHierarchies()
+	dirs, _ := framework.CgroupHierarchies()
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, cgroup)); !os.IsNotExist(err) {
 			t.Errorf("cgroup %s is still in %s", cgroup, d)
@@ -150,10 +121,10 @@ func TestIntegrationNodeLeavesNothing(t *testing.T) {
 
 // underlayState is what the control-plane node and node w see of the underlay between them, for
 // a failure message.
-func underlayState(ctx context.Context, cp, w *Node) string {
+func underlayState(ctx context.Context, cp, w *framework.Node) string {
 	var b strings.Builder
 	for _, c := range []struct {
-		n    *Node
+		n    *framework.Node
 		argv []string
 	}{
 		{cp, []string{"ip", "-br", "addr"}}, {cp, []string{"ip", "route"}}, {cp, []string{"ip", "neigh"}},

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // The story of issue 32, item 3: PodSecurity admission judges a pod after the mutating webhooks,
@@ -21,25 +22,25 @@ import (
 // (the check at the proxy's start, and in the validator init container) — are admitted once
 // injected, go Ready and are captured. A pod that does not comply is refused there first, so the
 // namespace's enforcement is real.
-func podSecurityRestricted(t *testing.T, ctx context.Context, e *env) {
+func podSecurityRestricted(t *testing.T, ctx context.Context, e *framework.Env) {
 	const ns = "restricted"
 	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name:        ns,
 		Annotations: map[string]string{annotations.Inject: string(annotations.InjectEnabled)},
 		Labels:      map[string]string{"pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest"},
 	}}
-	if _, err := e.node.Client.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	if _, err := e.Node.Client.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	defer e.dropNamespaces(t, context.WithoutCancel(ctx), ns)
-	if err := e.node.waitServiceAccount(ctx, ns); err != nil {
+	defer e.DropNamespaces(t, context.WithoutCancel(ctx), ns)
+	if err := e.Node.WaitServiceAccount(ctx, ns); err != nil {
 		t.Fatalf("namespace %s has no default ServiceAccount: %v", ns, err)
 	}
 
 	// The namespace enforces restricted: the e2e pod as it is (no seccomp profile, no dropped
 	// capabilities) is refused.
-	plain := e.pod("plain", ns)
-	_, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	plain := e.Pod("plain", ns)
+	_, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, plain, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), `violates PodSecurity "restricted:latest"`) {
 		t.Fatalf("a pod that is not restricted was not refused by PodSecurity in %s: %v", ns, err)
 	}
@@ -53,27 +54,27 @@ func podSecurityRestricted(t *testing.T, ctx context.Context, e *env) {
 		{"container-level", false, annotations.ValidatorImageVolume},
 		{"container-level-init", false, annotations.ValidatorInitContainer},
 	} {
-		dep := e.deployment(tc.name, ns, 1)
+		dep := e.Deployment(tc.name, ns, 1)
 		dep.Spec.Template.Annotations = map[string]string{annotations.ValidatorMode: string(tc.mode)}
 		restrictPod(&dep.Spec.Template.Spec, tc.podLevel)
 		// A dry run first: a refusal names the containers at fault at once, where the
 		// Deployment would only stay short of replicas.
 		probe := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: tc.name + "-dry-run", Namespace: ns, Annotations: dep.Spec.Template.Annotations}, Spec: dep.Spec.Template.Spec}
-		got, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		got, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {
 			t.Fatalf("%s: the injected pod was refused in a restricted namespace: %v", tc.name, err)
 		}
 		if !annotations.IsInjected(got.Annotations) || got.Annotations[annotations.Validator] != string(tc.mode) {
 			t.Fatalf("%s: the dry run came back not injected, or with its check in %q (want %s): %v", tc.name, got.Annotations[annotations.Validator], tc.mode, got.Annotations)
 		}
-		if _, err := e.node.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+		if _, err := e.Node.Client.AppsV1().Deployments(ns).Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		p := e.waitReady(t, ctx, ns, "app="+tc.name, 1)[0]
-		if code := checkExit(&p); code != 0 {
+		p := e.WaitReady(t, ctx, ns, "app="+tc.name, 1)[0]
+		if code := framework.CheckExit(&p); code != 0 {
 			t.Errorf("%s: the check exited %d, want 0", tc.name, code)
 		}
-		e.assertCaptured(t, ctx, p, "app")
+		e.AssertCaptured(t, ctx, p, "app")
 	}
 }
 

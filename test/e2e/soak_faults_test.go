@@ -25,6 +25,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/internal/fsutil"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // faultKind names a fault the soak injects.
@@ -87,7 +88,7 @@ func (s *soak) inject(ctx context.Context, kind faultKind) error {
 	case faultContainerd, faultKubelet, faultAPIServer:
 		name := strings.TrimSuffix(string(kind), "-restarted")
 		rec.detail = "SIGTERM, then started again and ready"
-		err = s.e.node.RestartComponent(ctx, name)
+		err = s.e.Node.RestartComponent(ctx, name)
 	case faultCertRotate:
 		rec.detail, err = s.rotateCertificate(ctx)
 	case faultConflist:
@@ -119,7 +120,7 @@ func (s *soak) logFaults() {
 // removal of the file cannot hide it: a deleted pod, forced or not, is no uninstall.
 func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	const selector = "app.kubernetes.io/component=node-agent"
-	logs, err := s.e.holdAgentLogs(ctx, s.e.node)
+	logs, err := s.e.HoldAgentLogs(ctx, s.e.Node)
 	if err != nil {
 		return "", err
 	}
@@ -128,11 +129,11 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 	if err != nil {
 		return detail, err
 	}
-	decision := logs.atSIGTERM()
+	decision := logs.AtSIGTERM()
 	switch {
 	case !strings.Contains(decision, "stopping"):
 		// The kubelet gives a force-deleted pod's containers 2 s after SIGTERM.
-		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM, killed first: %q", detail, len(logs.files), decision), nil
+		return fmt.Sprintf("%s; the agent's log on the node (%d files) shows no decision at SIGTERM, killed first: %q", detail, len(logs.Files), decision), nil
 	case strings.Contains(decision, "uninstalling"):
 		return detail, fmt.Errorf("%s; the agent uninstalled detour at SIGTERM: %s", detail, decision)
 	}
@@ -143,19 +144,19 @@ func (s *soak) deleteAgent(ctx context.Context, forced bool) (string, error) {
 // grace period, as `kubectl delete --force --grace-period=0` — then waits until want of them
 // are ready again, the deleted one not among them.
 func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced bool) (string, error) {
-	pods := s.e.node.Client.CoreV1().Pods(detourNamespace)
+	pods := s.e.Node.Client.CoreV1().Pods(framework.DetourNamespace)
 	how, opts := "deleted", metav1.DeleteOptions{}
 	if forced {
 		how, opts = "force-deleted", metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}
 	}
 	var victim corev1.Pod
-	err := poll(ctx, 2*time.Minute, func() (bool, error) {
+	err := framework.Poll(ctx, 2*time.Minute, func() (bool, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, err
 		}
 		if len(list.Items) == 0 {
-			return false, seen("no pod %s", selector)
+			return false, framework.Seen("no pod %s", selector)
 		}
 		slices.SortFunc(list.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
 		victim = list.Items[s.rng.IntN(len(list.Items))]
@@ -167,7 +168,7 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced 
 	start := time.Now()
 	var gone, created time.Duration
 	// Generous: on a loaded machine the kubelet alone took 3 minutes to kill and remove a pod.
-	err = poll(ctx, 8*time.Minute, func() (bool, error) {
+	err = framework.Poll(ctx, 8*time.Minute, func() (bool, error) {
 		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, err
@@ -181,14 +182,14 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced 
 			if created == 0 && p.CreationTimestamp.After(victim.CreationTimestamp.Time) {
 				created = time.Since(start)
 			}
-			if p.DeletionTimestamp == nil && podReady(&p) {
+			if p.DeletionTimestamp == nil && framework.PodReady(&p) {
 				ready++
 			}
 		}
 		if !present && gone == 0 {
 			gone = time.Since(start)
 		}
-		return ready >= want, seen("%d of %d pods %s ready, the deleted one still there: %v", ready, want, selector, present)
+		return ready >= want, framework.Seen("%d of %d pods %s ready, the deleted one still there: %v", ready, want, selector, present)
 	})
 	if err != nil {
 		return "", fmt.Errorf("deleted pod %s; its replacement is not ready: %w", victim.Name, err)
@@ -204,7 +205,7 @@ func (s *soak) deleteOne(ctx context.Context, selector string, want int, forced 
 // where the server's watcher picks them up without a restart. It waits until every replica
 // serves the new certificate.
 func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
-	secrets := s.e.node.Client.CoreV1().Secrets(detourNamespace)
+	secrets := s.e.Node.Client.CoreV1().Secrets(framework.DetourNamespace)
 	sec, err := secrets.Get(ctx, "detour-webhook-tls", metav1.GetOptions{})
 	if err != nil {
 		return "", err
@@ -227,7 +228,7 @@ func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
 		return "", err
 	}
 	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	names := []string{"detour-webhook", "detour-webhook." + detourNamespace, "detour-webhook." + detourNamespace + ".svc", "detour-webhook." + detourNamespace + ".svc.cluster.local"}
+	names := []string{"detour-webhook", "detour-webhook." + framework.DetourNamespace, "detour-webhook." + framework.DetourNamespace + ".svc", "detour-webhook." + framework.DetourNamespace + ".svc.cluster.local"}
 	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
 		SerialNumber: serial, Subject: pkix.Name{CommonName: names[0]}, DNSNames: names,
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(365 * 24 * time.Hour),
@@ -246,7 +247,7 @@ func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
 	if _, err := secrets.Update(ctx, sec, metav1.UpdateOptions{}); err != nil {
 		return "", fmt.Errorf("store the new certificate in secret detour-webhook-tls: %w", err)
 	}
-	pods, err := s.e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	pods, err := s.e.Node.Client.CoreV1().Pods(framework.DetourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
 	if err != nil {
 		return "", err
 	}
@@ -256,7 +257,7 @@ func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
 			continue
 		}
 		// The holder's root: paths through it resolve in the node's mount namespace.
-		dir := filepath.Join(fmt.Sprintf("/proc/%d/root", s.e.node.holder.pid), s.e.node.Dir, "kubelet", "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "tls")
+		dir := filepath.Join(fmt.Sprintf("/proc/%d/root", s.e.Node.HolderPID()), s.e.Node.Dir, "kubelet", "pods", string(p.UID), "volumes", "kubernetes.io~empty-dir", "tls")
 		for _, f := range []struct {
 			name string
 			data []byte
@@ -265,12 +266,12 @@ func (s *soak) rotateCertificate(ctx context.Context) (string, error) {
 				return "", fmt.Errorf("write %s of webhook pod %s: %w", f.name, p.Name, err)
 			}
 		}
-		err := poll(ctx, time.Minute, func() (bool, error) {
+		err := framework.Poll(ctx, time.Minute, func() (bool, error) {
 			served, err := s.servedCertificate(ctx, p.Status.PodIP+":9443")
 			if err != nil {
 				return false, err
 			}
-			return bytes.Equal(served, der), seen("the old certificate")
+			return bytes.Equal(served, der), framework.Seen("the old certificate")
 		})
 		if err != nil {
 			return "", fmt.Errorf("webhook pod %s does not serve the new certificate: %w", p.Name, err)
@@ -302,11 +303,11 @@ func replaceAs(path string, data []byte) error {
 func (s *soak) servedCertificate(ctx context.Context, addr string) ([]byte, error) {
 	dctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	raw, err := s.e.node.Dial(dctx, "tcp", addr)
+	raw, err := s.e.Node.Dial(dctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	conn := tls.Client(raw, insecureTLS())
+	conn := tls.Client(raw, &tls.Config{InsecureSkipVerify: true})
 	defer conn.Close()
 	if err := conn.HandshakeContext(dctx); err != nil {
 		return nil, err
@@ -317,11 +318,11 @@ func (s *soak) servedCertificate(ctx context.Context, addr string) ([]byte, erro
 // rewriteConflist rewrites the primary's conflist n times, 300 ms apart, as the churn story
 // does: alternately by rename and in place, its content alternately changed and unchanged.
 func (s *soak) rewriteConflist(n int) (string, error) {
-	path := s.e.node.PrimaryConfigPath()
-	if err := s.e.node.WritePrimaryConfig(); err != nil {
+	path := s.e.Node.PrimaryConfigPath()
+	if err := s.e.Node.WritePrimaryConfig(); err != nil {
 		return "", err
 	}
-	base := readFile(path)
+	base := framework.ReadFile(path)
 	changed := strings.Replace(base, `"hairpinMode": true,`, `"hairpinMode": true, "mtu": 1500,`, 1)
 	for i := range n {
 		if err := rewritePrimary(path, i, base, changed); err != nil {
@@ -329,7 +330,7 @@ func (s *soak) rewriteConflist(n int) (string, error) {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
-	return fmt.Sprintf("%d rewrites, 300ms apart", n), s.e.node.WritePrimaryConfig()
+	return fmt.Sprintf("%d rewrites, 300ms apart", n), s.e.Node.WritePrimaryConfig()
 }
 
 // rewritePrimary is rewrite i of the primary's conflist: content changed on odd i, by
@@ -352,26 +353,26 @@ func rewritePrimary(path string, i int, base, changed string) error {
 // and both webhook replicas ready, in containers started after the reboot (until the kubelet
 // has synced a pod, its status still shows the containers that were killed).
 func (s *soak) reboot(ctx context.Context) (string, error) {
-	n := s.e.node
+	n := s.e.Node
 	start := time.Now()
 	detail, err := n.Reboot(ctx)
 	if err != nil {
 		return detail, err
 	}
-	err = poll(ctx, 8*time.Minute, func() (bool, error) {
-		pods, err := n.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{})
+	err = framework.Poll(ctx, 8*time.Minute, func() (bool, error) {
+		pods, err := n.Client.CoreV1().Pods(framework.DetourNamespace).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
 		}
 		var ready, waiting []string
 		for _, p := range pods.Items {
-			if p.DeletionTimestamp == nil && podReady(&p) && startedAfter(&p, start) {
+			if p.DeletionTimestamp == nil && framework.PodReady(&p) && startedAfter(&p, start) {
 				ready = append(ready, p.Name)
 			} else {
 				waiting = append(waiting, p.Name)
 			}
 		}
-		return len(ready) >= 3, seen("ready since the reboot: %v; not yet: %v", ready, waiting)
+		return len(ready) >= 3, framework.Seen("ready since the reboot: %v; not yet: %v", ready, waiting)
 	})
 	if err != nil {
 		return detail, fmt.Errorf("detour's pods are not ready after the reboot: %w", err)

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
 // leakReport lists what pods that no longer exist left on the node.
@@ -46,15 +47,15 @@ func (l leakReport) rows() [][2]string {
 
 // waitNoLeaks waits up to two minutes for the node to hold nothing of deleted pods (the
 // kubelet and containerd clean up asynchronously) and returns what is left then.
-func (e *env) waitNoLeaks(t testing.TB, ctx context.Context) leakReport {
+func waitNoLeaks(t testing.TB, ctx context.Context, e *framework.Env) leakReport {
 	t.Helper()
 	var last leakReport
-	poll(ctx, 2*time.Minute, func() (bool, error) {
+	framework.Poll(ctx, 2*time.Minute, func() (bool, error) {
 		var err error
-		if last, err = e.leaks(ctx); err != nil {
+		if last, err = leaks(ctx, e); err != nil {
 			return false, err
 		}
-		return last.total() == 0, seen("%+v", last)
+		return last.total() == 0, framework.Seen("%+v", last)
 	})
 	return last
 }
@@ -62,10 +63,10 @@ func (e *env) waitNoLeaks(t testing.TB, ctx context.Context) leakReport {
 // leaks compares the node with its live pods: network namespaces (containerd keeps them under
 // its state dir), host-local's allocations, the kubelet's pod cgroups, the CNI directories'
 // files, and detour's rules in the node's own namespace (they belong only in pods').
-func (e *env) leaks(ctx context.Context) (leakReport, error) {
+func leaks(ctx context.Context, e *framework.Env) (leakReport, error) {
 	var l leakReport
-	n := e.node
-	list, err := n.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + NodeName})
+	n := e.Node
+	list, err := n.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + framework.NodeName})
 	if err != nil {
 		return l, err
 	}
@@ -95,7 +96,7 @@ func (e *env) leaks(ctx context.Context) (leakReport, error) {
 		l.netns = l.netns[:len(netns)-sandboxes]
 	}
 
-	ipamDir := filepath.Join(n.Dir, "cni", "ipam", PrimaryNetwork)
+	ipamDir := filepath.Join(n.Dir, "cni", "ipam", framework.PrimaryNetwork)
 	entries, _ := os.ReadDir(ipamDir)
 	for _, ent := range entries {
 		if _, err := netip.ParseAddr(ent.Name()); err == nil && !liveIPs[ent.Name()] {
@@ -103,8 +104,8 @@ func (e *env) leaks(ctx context.Context) (leakReport, error) {
 		}
 	}
 
-	if h, err := trackingHierarchy(); err == nil {
-		filepath.WalkDir(filepath.Join(h, n.cgroup, "kubepods"), func(path string, d fs.DirEntry, err error) error {
+	if h, err := framework.TrackingHierarchy(); err == nil {
+		filepath.WalkDir(filepath.Join(h, n.Cgroup, "kubepods"), func(path string, d fs.DirEntry, err error) error {
 			if err != nil || !d.IsDir() {
 				return nil
 			}
@@ -117,7 +118,7 @@ func (e *env) leaks(ctx context.Context) (leakReport, error) {
 	}
 
 	want := map[string]bool{
-		filepath.Base(n.PrimaryConfigPath()): true, PrimaryNetwork: true, PrimaryNetwork + "/" + nodeagent.DropInName: true,
+		filepath.Base(n.PrimaryConfigPath()): true, framework.PrimaryNetwork: true, framework.PrimaryNetwork + "/" + nodeagent.DropInName: true,
 		nodeagent.DefaultKubeconfigName: true, nodeagent.DefaultTokenName: true, nodeagent.ModeFileName: true,
 	}
 	filepath.WalkDir(n.CNIConfDir, func(path string, d fs.DirEntry, err error) error {
@@ -208,7 +209,7 @@ func newResourceSampler(cgroup string) *resourceSampler {
 func (r *resourceSampler) run(ctx context.Context, every time.Duration) {
 	for {
 		r.sample()
-		if !sleepCtx(ctx, every) {
+		if !framework.SleepCtx(ctx, every) {
 			return
 		}
 	}
@@ -216,8 +217,8 @@ func (r *resourceSampler) run(ctx context.Context, every time.Duration) {
 
 func (r *resourceSampler) sample() {
 	now := time.Now()
-	for _, pid := range cgroupPIDs(r.cgroup) {
-		args := strings.Split(readFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
+	for _, pid := range framework.CgroupPIDs(r.cgroup) {
+		args := strings.Split(framework.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
 		if len(args) < 2 || filepath.Base(args[0]) != "detour" {
 			continue
 		}
@@ -226,7 +227,7 @@ func (r *resourceSampler) sample() {
 			continue
 		}
 		var rss int64
-		for line := range strings.SplitSeq(readFile(fmt.Sprintf("/proc/%d/status", pid)), "\n") {
+		for line := range strings.SplitSeq(framework.ReadFile(fmt.Sprintf("/proc/%d/status", pid)), "\n") {
 			if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
 				fmt.Sscan(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), &rss)
 			}
@@ -286,7 +287,7 @@ func growth(from, to int64) float64 {
 // configWatcher looks at the node's detour configuration every 100 ms and records the
 // intervals in which there was none, or more than one.
 type configWatcher struct {
-	e    *env
+	e    *framework.Env
 	mu   sync.Mutex
 	gaps []configGap
 }
@@ -298,8 +299,8 @@ type configGap struct {
 
 func (w *configWatcher) run(ctx context.Context) {
 	var open *configGap
-	for sleepCtx(ctx, 100*time.Millisecond) {
-		found, err := w.e.detourConfigs()
+	for framework.SleepCtx(ctx, 100*time.Millisecond) {
+		found, err := w.e.DetourConfigs()
 		now := time.Now()
 		switch {
 		case err != nil: // a file replaced while it was read

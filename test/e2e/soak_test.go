@@ -28,6 +28,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -90,7 +91,7 @@ type soakPhase struct {
 
 type soak struct {
 	t     *testing.T
-	e     *env
+	e     *framework.Env
 	cfg   soakConfig
 	rng   *rand.Rand
 	start time.Time
@@ -152,7 +153,7 @@ type checkItem struct {
 	job bool
 }
 
-func newSoak(t *testing.T, e *env, cfg soakConfig) *soak {
+func newSoak(t *testing.T, e *framework.Env, cfg soakConfig) *soak {
 	return &soak{
 		t: t, e: e, cfg: cfg, rng: rand.New(rand.NewPCG(cfg.seed, 14)),
 		seen: map[types.UID]*soakPod{}, checks: map[string]string{}, caught: map[types.UID]caughtPod{},
@@ -193,7 +194,7 @@ func (s *soak) logf(format string, args ...any) {
 func (s *soak) run(ctx context.Context) error {
 	s.start = time.Now()
 	for _, ns := range []string{"soak-fail", "soak-ignore"} {
-		s.e.namespace(s.t, ctx, ns, true)
+		s.e.Namespace(s.t, ctx, ns, true)
 	}
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
@@ -206,7 +207,7 @@ func (s *soak) run(ctx context.Context) error {
 	s.configGaps = &configWatcher{e: s.e}
 	workers.Add(1)
 	go func() { defer workers.Done(); s.configGaps.run(watchCtx) }()
-	s.resources = newResourceSampler(s.e.node.cgroup)
+	s.resources = newResourceSampler(s.e.Node.Cgroup)
 	workers.Add(1)
 	go func() { defer workers.Done(); s.resources.run(watchCtx, 5*time.Second) }()
 
@@ -242,7 +243,7 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) error
 			defer wg.Done()
 			// The second Deployment starts half a wave later, so that one scales up while
 			// the other scales down.
-			if i == 1 && !sleepCtx(wctx, 15*time.Second) {
+			if i == 1 && !framework.SleepCtx(wctx, 15*time.Second) {
 				return
 			}
 			s.waves(wctx, p, dep)
@@ -255,7 +256,7 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) error
 	slot := d / time.Duration(len(p.faults)+1)
 	for i, kind := range p.faults {
 		at := phaseStart.Add(slot*time.Duration(i) + time.Duration(float64(slot)*(0.5+s.rng.Float64())))
-		if !sleepCtx(ctx, time.Until(at)) {
+		if !framework.SleepCtx(ctx, time.Until(at)) {
 			break
 		}
 		if err := s.inject(ctx, kind); err != nil {
@@ -264,7 +265,7 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) error
 			return err
 		}
 	}
-	sleepCtx(ctx, time.Until(phaseStart.Add(d)))
+	framework.SleepCtx(ctx, time.Until(phaseStart.Add(d)))
 	stopWorkload()
 	wg.Wait()
 	s.logf("phase %s: workload stopped; waiting for its pods to settle", p.name)
@@ -279,8 +280,8 @@ func (s *soak) runPhase(ctx context.Context, p soakPhase, d time.Duration) error
 // setFailurePolicy sets the failurePolicy of every webhook of the configuration detour, as
 // `--set webhook.failurePolicy=...` would.
 func (s *soak) setFailurePolicy(ctx context.Context, policy admissionregistrationv1.FailurePolicyType) {
-	mwcs := s.e.node.Client.AdmissionregistrationV1().MutatingWebhookConfigurations()
-	err := poll(ctx, 2*time.Minute, func() (bool, error) {
+	mwcs := s.e.Node.Client.AdmissionregistrationV1().MutatingWebhookConfigurations()
+	err := framework.Poll(ctx, 2*time.Minute, func() (bool, error) {
 		mwc, err := mwcs.Get(ctx, "detour", metav1.GetOptions{})
 		if err != nil {
 			return false, err
@@ -303,7 +304,7 @@ func (s *soak) soakPodSpec() corev1.PodSpec {
 		AutomountServiceAccountToken:  ptr.To(false),
 		TerminationGracePeriodSeconds: ptr.To[int64](1),
 		Containers: []corev1.Container{{
-			Name: "app", Image: s.e.art.refs.Workload, ImagePullPolicy: corev1.PullNever,
+			Name: "app", Image: s.e.Artifacts.Refs.Workload, ImagePullPolicy: corev1.PullNever,
 			Args:            []string{"serve", "-listen", ":8080"},
 			SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
 			ReadinessProbe: &corev1.Probe{
@@ -327,7 +328,7 @@ func (s *soak) waves(ctx context.Context, p soakPhase, dep string) {
 		},
 	}
 	if !s.retry(ctx, "create Deployment "+p.ns+"/"+dep, func() error {
-		_, err := s.e.node.Client.AppsV1().Deployments(p.ns).Create(ctx, d, metav1.CreateOptions{})
+		_, err := s.e.Node.Client.AppsV1().Deployments(p.ns).Create(ctx, d, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
 		}
@@ -356,7 +357,7 @@ func (s *soak) waves(ctx context.Context, p soakPhase, dep string) {
 func (s *soak) scale(ctx context.Context, ns, dep string, replicas int32) {
 	s.retry(ctx, fmt.Sprintf("scale %s/%s to %d", ns, dep, replicas), func() error {
 		patch := fmt.Sprintf(`{"spec":{"replicas":%d}}`, replicas)
-		_, err := s.e.node.Client.AppsV1().Deployments(ns).Patch(ctx, dep, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+		_, err := s.e.Node.Client.AppsV1().Deployments(ns).Patch(ctx, dep, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
 		return err
 	})
 }
@@ -367,7 +368,7 @@ func (s *soak) retry(ctx context.Context, what string, f func() error) bool {
 		if err := f(); err == nil {
 			return true
 		}
-		sleepCtx(ctx, time.Second)
+		framework.SleepCtx(ctx, time.Second)
 	}
 	return false
 }
@@ -384,14 +385,14 @@ func (s *soak) waitWave(ctx context.Context, ns, dep string, n int, timeout time
 		}
 		done := 0
 		for _, p := range pods {
-			if p.DeletionTimestamp == nil && podReady(p) && s.checked(p) {
+			if p.DeletionTimestamp == nil && framework.PodReady(p) && s.checked(p) {
 				done++
 			}
 		}
 		if n > 0 && done >= n {
 			return true
 		}
-		if !sleepCtx(wctx, time.Second) {
+		if !framework.SleepCtx(wctx, time.Second) {
 			return false
 		}
 	}
@@ -400,10 +401,10 @@ func (s *soak) waitWave(ctx context.Context, ns, dep string, n int, timeout time
 // jobs creates a Job of two pods (the proxy a native sidecar, the app one dial to the test
 // server) every 20 seconds until ctx ends.
 func (s *soak) jobs(ctx context.Context, p soakPhase) {
-	for i := 0; sleepCtx(ctx, 20*time.Second); i++ {
+	for i := 0; framework.SleepCtx(ctx, 20*time.Second); i++ {
 		spec := s.soakPodSpec()
 		spec.RestartPolicy = corev1.RestartPolicyNever
-		spec.Containers[0].Args = []string{"dial", "-must", "-retry", "30s", "-addr", s.e.server}
+		spec.Containers[0].Args = []string{"dial", "-must", "-retry", "30s", "-addr", s.e.Server}
 		spec.Containers[0].ReadinessProbe = nil
 		job := &batchv1.Job{
 			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("job-%d", i), Namespace: p.ns},
@@ -413,7 +414,7 @@ func (s *soak) jobs(ctx context.Context, p soakPhase) {
 			},
 		}
 		s.create(ctx, "Job "+p.ns+"/"+job.Name, func() error {
-			_, err := s.e.node.Client.BatchV1().Jobs(p.ns).Create(ctx, job, metav1.CreateOptions{})
+			_, err := s.e.Node.Client.BatchV1().Jobs(p.ns).Create(ctx, job, metav1.CreateOptions{})
 			return err
 		})
 	}
@@ -423,7 +424,7 @@ func (s *soak) jobs(ctx context.Context, p soakPhase) {
 // the end of the soak (repair must never delete them).
 func (s *soak) barePods(ctx context.Context, p soakPhase, d time.Duration) {
 	for i := range 3 {
-		if i == 2 && !sleepCtx(ctx, d/2) {
+		if i == 2 && !framework.SleepCtx(ctx, d/2) {
 			return
 		}
 		name := fmt.Sprintf("bare-%d", i)
@@ -432,7 +433,7 @@ func (s *soak) barePods(ctx context.Context, p soakPhase, d time.Duration) {
 			Spec:       s.soakPodSpec(),
 		}
 		s.create(ctx, "bare pod "+p.ns+"/"+name, func() error {
-			created, err := s.e.node.Client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
+			created, err := s.e.Node.Client.CoreV1().Pods(p.ns).Create(ctx, pod, metav1.CreateOptions{})
 			if err == nil {
 				s.mu.Lock()
 				s.bare[p.ns+"/"+name] = created.UID
@@ -460,7 +461,7 @@ func (s *soak) create(ctx context.Context, what string, f func() error) {
 				s.logf("%s: the API server refused it (%d times so far): %v", what, n, err)
 			}
 		}
-		sleepCtx(ctx, time.Second)
+		framework.SleepCtx(ctx, time.Second)
 	}
 }
 
@@ -468,19 +469,19 @@ func (s *soak) create(ctx context.Context, what string, f func() error) {
 // checked, or gone — or has failed its validator (repair's business).
 func (s *soak) settle(ctx context.Context, namespaces ...string) {
 	var pending []string
-	err := poll(ctx, 10*time.Minute, func() (bool, error) {
+	err := framework.Poll(ctx, 10*time.Minute, func() (bool, error) {
 		pending = pending[:0]
 		for _, ns := range namespaces {
 			for _, p := range s.lister(ns, soakLabel) {
 				switch {
 				case p.DeletionTimestamp != nil:
-				case !annotations.IsInjected(p.Annotations) && (podReady(p) || p.Status.Phase != corev1.PodPending):
+				case !annotations.IsInjected(p.Annotations) && (framework.PodReady(p) || p.Status.Phase != corev1.PodPending):
 					// Admitted uninjected (failurePolicy Ignore): nothing to check; counted.
 				case p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed:
 					if p.Status.Phase == corev1.PodSucceeded && !s.checked(p) {
 						pending = append(pending, p.Namespace+"/"+p.Name+" (completed, not checked)")
 					}
-				case podReady(p) && s.checked(p):
+				case framework.PodReady(p) && s.checked(p):
 				default:
 					if code, _, bad := validatorFailure(p); bad && code == validator.ExitNoRedirect && p.Labels[soakLabel] == kindBare {
 						continue // annotated by repair, waits for its owner
@@ -500,7 +501,7 @@ func (s *soak) settle(ctx context.Context, namespaces ...string) {
 	if err != nil {
 		s.logf("pods that did not settle within 10m: %v", pending)
 		for _, ns := range namespaces {
-			s.t.Logf("%s", s.e.describe(ctx, ns))
+			s.t.Logf("%s", s.e.Describe(ctx, ns))
 		}
 		s.t.Errorf("soak pods did not settle: %v", pending)
 	}
@@ -546,7 +547,7 @@ const strandedAfter = 3 * time.Minute
 // watchPods follows every soak pod with an informer (it relists after an API server restart)
 // and hands the ones to check to the workers.
 func (s *soak) watchPods(ctx context.Context) {
-	factory := informers.NewSharedInformerFactoryWithOptions(s.e.node.Client, 0,
+	factory := informers.NewSharedInformerFactoryWithOptions(s.e.Node.Client, 0,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = soakLabel }))
 	inf := factory.Core().V1().Pods().Informer()
 	inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -599,9 +600,9 @@ func validatorFailure(p *corev1.Pod) (int32, string, bool) {
 func validatorPassed(p *corev1.Pod) (string, bool) {
 	for _, st := range p.Status.InitContainerStatuses {
 		switch {
-		case st.Name == annotations.ValidatorContainer && !folded(p) && st.State.Terminated != nil && st.State.Terminated.ExitCode == 0:
+		case st.Name == annotations.ValidatorContainer && !framework.ChecksAtProxyStart(p) && st.State.Terminated != nil && st.State.Terminated.ExitCode == 0:
 			return st.State.Terminated.ContainerID, st.State.Terminated.ContainerID != ""
-		case st.Name == annotations.ProxyContainer && folded(p) && st.State.Running != nil && st.Started != nil && *st.Started:
+		case st.Name == annotations.ProxyContainer && framework.ChecksAtProxyStart(p) && st.State.Running != nil && st.Started != nil && *st.Started:
 			return st.ContainerID, st.ContainerID != ""
 		}
 	}
@@ -638,7 +639,7 @@ func (s *soak) observe(obj any) {
 	defer s.mu.Unlock()
 	sp := s.seen[p.UID]
 	if sp == nil {
-		sp = &soakPod{ns: p.Namespace, name: p.Name, kind: p.Labels[soakLabel], created: p.CreationTimestamp.Time, injected: annotations.IsInjected(p.Annotations), folded: folded(p)}
+		sp = &soakPod{ns: p.Namespace, name: p.Name, kind: p.Labels[soakLabel], created: p.CreationTimestamp.Time, injected: annotations.IsInjected(p.Annotations), folded: framework.ChecksAtProxyStart(p)}
 		s.seen[p.UID] = sp
 		if !sp.injected {
 			s.uninjected[p.UID] = p.Namespace + "/" + p.Name
@@ -667,7 +668,7 @@ func (s *soak) observe(obj any) {
 		return
 	}
 	job := p.Labels[soakLabel] == kindJob
-	if job && p.Status.Phase != corev1.PodSucceeded || !job && !podReady(p) {
+	if job && p.Status.Phase != corev1.PodSucceeded || !job && !framework.PodReady(p) {
 		return
 	}
 	key, ok := checkKey(p)
@@ -712,19 +713,19 @@ func (s *soak) checkCapture(ctx context.Context, item checkItem) string {
 		// goes through the kubelet and containerd, and while either restarts the answer can
 		// be empty (eight false alarms in one run, each pod's log on disk showing its
 		// connection).
-		files, _ := filepath.Glob(filepath.Join(s.e.node.Dir, "pod-logs",
+		files, _ := filepath.Glob(filepath.Join(s.e.Node.Dir, "pod-logs",
 			p.Namespace+"_"+p.Name+"_"+string(p.UID), annotations.ProxyContainer, "*.log"))
 		var log strings.Builder
 		for _, f := range files {
-			log.WriteString(readFile(f))
+			log.WriteString(framework.ReadFile(f))
 		}
 		switch {
-		case strings.Contains(log.String(), "-> "+s.e.server):
+		case strings.Contains(log.String(), "-> "+s.e.Server):
 			return "captured"
 		case !strings.Contains(log.String(), "proxy outbound listening"):
 			return fmt.Sprintf("unverified: no log of the proxy's start on the node (%d files)", len(files))
 		}
-		return "bypassed: the proxy carried no connection to " + s.e.server
+		return "bypassed: the proxy carried no connection to " + s.e.Server
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
@@ -740,17 +741,17 @@ func (s *soak) checkCapture(ctx context.Context, item checkItem) string {
 		if !exists {
 			return "unverified: deleted before its app answered"
 		}
-		if key, _ := checkKey(cur.(*corev1.Pod)); key != item.key || !podReady(cur.(*corev1.Pod)) {
+		if key, _ := checkKey(cur.(*corev1.Pod)); key != item.key || !framework.PodReady(cur.(*corev1.Pod)) {
 			return "unverified: its sandbox changed before its app answered"
 		}
-		sleepCtx(ctx, time.Second)
+		framework.SleepCtx(ctx, time.Second)
 	}
 	return "unverified: no answer from its app within 30s"
 }
 
 // inbound connects from the node to the app's port and returns its greeting.
 func (s *soak) inbound(ctx context.Context, ip string) (string, error) {
-	return s.e.node.Greeting(ctx, ip+":8080")
+	return s.e.Node.Greeting(ctx, ip+":8080")
 }
 
 // finish runs `detour check --cluster` while the pods admitted uninjected still exist, deletes
@@ -758,7 +759,7 @@ func (s *soak) inbound(ctx context.Context, ip string) (string, error) {
 func (s *soak) finish(ctx context.Context) {
 	t := s.t
 	s.logf("detour check --cluster")
-	report, _ := s.e.checkCluster(t, ctx)
+	report, _ := s.e.CheckCluster(t, ctx)
 	s.mu.Lock()
 	uninjected := maps.Clone(s.uninjected)
 	s.mu.Unlock()
@@ -785,24 +786,24 @@ func (s *soak) finish(ctx context.Context) {
 
 	s.logf("deleting the soak's namespaces")
 	for _, ns := range []string{"soak-fail", "soak-ignore"} {
-		if err := s.e.node.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.e.Node.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Error(err)
 		}
 	}
-	waitFor(t, ctx, "the soak's namespaces to be deleted", 8*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, "the soak's namespaces to be deleted", 8*time.Minute, func() (bool, error) {
 		for _, ns := range []string{"soak-fail", "soak-ignore"} {
-			if _, err := s.e.node.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := s.e.Node.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				if err != nil {
 					return false, err
 				}
-				return false, seen("namespace %s still there", ns)
+				return false, framework.Seen("namespace %s still there", ns)
 			}
 		}
 		return true, nil
 	})
 	s.logf("looking for what deleted pods left on the node")
-	leaks := s.e.waitNoLeaks(t, ctx)
-	configs, _ := s.e.detourConfigs()
+	leaks := waitNoLeaks(t, ctx, s.e)
+	configs, _ := s.e.DetourConfigs()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -824,8 +825,8 @@ func (s *soak) finish(ctx context.Context) {
 	}
 	// A caught pod either got no redirect from detour-cni (its ADDs in the plugin's log say
 	// so, or there is none), or got one and its validator still saw none.
-	adds := map[string][]pluginEntry{}
-	for _, l := range s.e.pluginLog(t, "ADD", "") {
+	adds := map[string][]framework.PluginEntry{}
+	for _, l := range s.e.PluginLog(t, "ADD", "") {
 		adds[l.Pod] = append(adds[l.Pod], l)
 	}
 	caughtBy, caughtRedirected := map[faultKind]int{}, map[faultKind]int{}
@@ -947,7 +948,7 @@ func (s *soak) bareDeletedByRepair(ctx context.Context) int {
 	deleted := 0
 	for name, uid := range bare {
 		ns, pod, _ := strings.Cut(name, "/")
-		p, err := s.e.node.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		p, err := s.e.Node.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || err == nil && p.UID != uid {
 			s.logf("bare pod %s is gone or was replaced", name)
 			deleted++
@@ -961,7 +962,7 @@ func (s *soak) bareDeletedByRepair(ctx context.Context) int {
 func (s *soak) failedAdmissions(ctx context.Context) int {
 	total := 0
 	for _, ns := range []string{"soak-fail", "soak-ignore"} {
-		evs, err := s.e.node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedCreate"})
+		evs, err := s.e.Node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=FailedCreate"})
 		if err != nil {
 			s.t.Errorf("list the FailedCreate Events of %s: %v", ns, err)
 			continue
@@ -989,7 +990,7 @@ func (s *soak) repairRate(ctx context.Context) rateReport {
 	const limit, burst = 5.0, 5
 	var times []time.Time
 	for _, ns := range []string{"soak-fail", "soak-ignore"} {
-		evs, err := s.e.node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + repair.EventReason})
+		evs, err := s.e.Node.Client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + repair.EventReason})
 		if err != nil {
 			s.t.Errorf("list repair's Events of %s: %v", ns, err)
 			continue

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,25 +16,25 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/repair"
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/validator"
 )
 
 // TestE2E runs the user stories on the real node, in the order a cluster lives them. Each
 // story is a subtest; a later one relies on what the earlier ones installed.
 func TestE2E(t *testing.T) {
-	e := setUp(t)
-	ctx, cancel := testContext(t, e.node, 35*time.Minute)
+	e := framework.SetUp(t)
+	ctx, cancel := framework.Context(t, e.Node, 35*time.Minute)
 	defer cancel()
 	stories := []struct {
 		name string
-		run  func(*testing.T, context.Context, *env)
+		run  func(*testing.T, context.Context, *framework.Env)
 	}{
 		{"seed000/pods-wait-for-the-agent", seed000Startup},
 		{"seed003/demo-container-mode", seed003Demo},
@@ -89,34 +88,34 @@ func TestE2E(t *testing.T) {
 // two phases: the webhook's failurePolicy Fail, then Ignore; `make soak` runs 10m. SOAK_SEED
 // replays a fault schedule.
 func TestSoak(t *testing.T) {
-	e := setUp(t)
+	e := framework.SetUp(t)
 	cfg := soakConfigFromEnv(t)
 	// Beyond the duration: the faults' recovery, each phase's settling (up to 10 minutes),
 	// the checks at the end. On a machine shared with other runs all of them stretch.
-	ctx, cancel := testContext(t, e.node, cfg.duration+50*time.Minute)
+	ctx, cancel := framework.Context(t, e.Node, cfg.duration+50*time.Minute)
 	defer cancel()
 	// After TestE2E, `kubectl delete -f install.yaml` may still be deleting detour's namespace.
-	waitFor(t, ctx, "namespace "+detourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {
-		ns, err := e.node.Client.CoreV1().Namespaces().Get(ctx, detourNamespace, metav1.GetOptions{})
+	framework.WaitFor(t, ctx, "namespace "+framework.DetourNamespace+" to finish terminating", 3*time.Minute, func() (bool, error) {
+		ns, err := e.Node.Client.CoreV1().Namespaces().Get(ctx, framework.DetourNamespace, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		if err != nil {
 			return false, err
 		}
-		return ns.DeletionTimestamp == nil, seen("namespace %s: %s since %s", ns.Name, ns.Status.Phase, ns.DeletionTimestamp)
+		return ns.DeletionTimestamp == nil, framework.Seen("namespace %s: %s since %s", ns.Name, ns.Status.Phase, ns.DeletionTimestamp)
 	})
-	values, config := "webhook: {replicas: 2}\n", e.dropInPath()
+	values, config := "webhook: {replicas: 2}\n", e.DropInPath()
 	if cfg.configMode == "chained-entry" {
 		values += "nodeAgent: {cniConfigMode: chained-entry}\n"
-		config = e.node.PrimaryConfigPath()
+		config = e.Node.PrimaryConfigPath()
 	}
-	e.installDetour(t, ctx, values)
-	e.setAgent(t, ctx, true)
-	e.waitDetourConfigs(t, ctx, "detour's configuration to be in place, once", config)
+	e.InstallDetour(t, ctx, values)
+	e.SetAgent(t, ctx, true)
+	e.WaitDetourConfigs(t, ctx, "detour's configuration to be in place, once", config)
 	if cfg.configMode == "chained-entry" {
 		// What follows the soak (a later test, or TestSoak again) expects the default.
-		defer e.installDetour(t, ctx, "")
+		defer e.InstallDetour(t, ctx, "")
 	}
 
 	s := newSoak(t, e, cfg)
@@ -133,105 +132,105 @@ func TestSoak(t *testing.T) {
 // seed000Startup: pods of an opted-in Deployment stay Pending on the tainted node under the
 // real scheduler until the node agent has chained detour-cni and removed the taint; then they
 // run with their rules and the validator passes.
-func seed000Startup(t *testing.T, ctx context.Context, e *env) {
-	e.installDetour(t, ctx, "")
-	e.namespace(t, ctx, "shop", true)
-	dep := e.deployment("web", "shop", 2)
-	if _, err := e.node.Client.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+func seed000Startup(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.InstallDetour(t, ctx, "")
+	e.Namespace(t, ctx, "shop", true)
+	dep := e.Deployment("web", "shop", 2)
+	if _, err := e.Node.Client.AppsV1().Deployments("shop").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The scheduler says why it does not place them: a taint, and the node has only detour's.
-	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != StartupTaint {
-		t.Fatalf("node %s has taints %v, want only %s", NodeName, node.Spec.Taints, StartupTaint)
+	if len(node.Spec.Taints) != 1 || node.Spec.Taints[0].Key != framework.StartupTaint {
+		t.Fatalf("node %s has taints %v, want only %s", framework.NodeName, node.Spec.Taints, framework.StartupTaint)
 	}
-	waitFor(t, ctx, "the scheduler to hold web's pods back for the startup taint", time.Minute, func() (bool, error) {
-		pods, err := e.pods(ctx, "shop", "app=web")
+	framework.WaitFor(t, ctx, "the scheduler to hold web's pods back for the startup taint", time.Minute, func() (bool, error) {
+		pods, err := e.Pods(ctx, "shop", "app=web")
 		if err != nil {
 			return false, err
 		}
 		if len(pods) != 2 {
-			return false, seen("%d pods of web", len(pods))
+			return false, framework.Seen("%d pods of web", len(pods))
 		}
 		for _, p := range pods {
 			if p.Spec.NodeName != "" {
 				return false, fmt.Errorf("pod %s was scheduled onto %s while the node was tainted", p.Name, p.Spec.NodeName)
 			}
 			if !unschedulableForTaint(&p) {
-				return false, seen("pod %s: conditions %+v", p.Name, p.Status.Conditions)
+				return false, framework.Seen("pod %s: conditions %+v", p.Name, p.Status.Conditions)
 			}
 		}
 		return true, nil
 	})
 
-	e.setAgent(t, ctx, true)
-	waitFor(t, ctx, "the node agent to remove the startup taint and set the ready label", time.Minute, func() (bool, error) {
-		node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+	e.SetAgent(t, ctx, true)
+	framework.WaitFor(t, ctx, "the node agent to remove the startup taint and set the ready label", time.Minute, func() (bool, error) {
+		node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
-		return !hasStartupTaint(node) && node.Labels[annotations.CNIReadyLabel] == "true", seen("taints %v, labels %v", node.Spec.Taints, node.Labels)
+		return !framework.HasStartupTaint(node) && node.Labels[annotations.CNIReadyLabel] == "true", framework.Seen("taints %v, labels %v", node.Spec.Taints, node.Labels)
 	})
-	pods := e.waitReady(t, ctx, "shop", "app=web", 2)
+	pods := e.WaitReady(t, ctx, "shop", "app=web", 2)
 	for _, p := range pods {
 		if !annotations.IsInjected(p.Annotations) {
 			t.Errorf("pod %s is not injected: %v", p.Name, p.Annotations)
 		}
-		if code := checkExit(&p); code != 0 {
+		if code := framework.CheckExit(&p); code != 0 {
 			t.Errorf("pod %s: the validator exited %d, want 0", p.Name, code)
 		}
 	}
-	e.assertCaptured(t, ctx, pods[0], "web")
+	e.AssertCaptured(t, ctx, pods[0], "web")
 }
 
 // seed003Demo: testdata/workloads/demo.yaml — a root init container that downloads from a
 // server outside the pod — completes in container mode; the app's connections pass through
 // the proxy, outbound to the right original destination and inbound.
-func seed003Demo(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "demo", false)
-	dep := e.demoDeployment(t)
-	if _, err := e.node.Client.AppsV1().Deployments("demo").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+func seed003Demo(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "demo", false)
+	dep := demoDeployment(t, e)
+	if _, err := e.Node.Client.AppsV1().Deployments("demo").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pods := e.waitReady(t, ctx, "demo", "app=demo", 1)
+	pods := e.WaitReady(t, ctx, "demo", "app=demo", 1)
 	p := pods[0]
 	if got := p.Annotations[annotations.ExemptGIDs]; got == "" {
 		t.Errorf("fetch runs as root: want it exempted through a dedicated GID, annotations %v", p.Annotations)
 	}
-	if log := e.logs(ctx, "demo", p.Name, "fetch"); !strings.Contains(log, "dial "+e.server+" ok") {
-		t.Errorf("fetch did not reach %s directly:\n%s", e.server, log)
+	if log := e.Logs(ctx, "demo", p.Name, "fetch"); !strings.Contains(log, "dial "+e.Server+" ok") {
+		t.Errorf("fetch did not reach %s directly:\n%s", e.Server, log)
 	}
-	e.assertCaptured(t, ctx, p, "web")
+	e.AssertCaptured(t, ctx, p, "web")
 }
 
 // seed003ImageUsers: init containers whose image's USER is unset, numeric or a name from the
 // image's /etc/passwd keep egress in container mode.
-func seed003ImageUsers(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "users", true)
-	pod := e.pod("image-users", "users")
+func seed003ImageUsers(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "users", true)
+	pod := e.Pod("image-users", "users")
 	pod.Annotations = map[string]string{"detour.dev/sidecar-mode": "container"}
 	pod.Spec.InitContainers = nil
 	for _, img := range []struct{ name, ref string }{
-		{"unset", e.art.refs.Workload}, {"numeric", e.art.refs.WorkloadNumeric}, {"named", e.art.refs.WorkloadNamed},
+		{"unset", e.Artifacts.Refs.Workload}, {"numeric", e.Artifacts.Refs.WorkloadNumeric}, {"named", e.Artifacts.Refs.WorkloadNamed},
 	} {
 		pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{
 			Name: "user-" + img.name, Image: img.ref, ImagePullPolicy: corev1.PullNever,
-			Args: []string{"dial", "-must", "-addr", e.server},
+			Args: []string{"dial", "-must", "-addr", e.Server},
 		})
 	}
-	if _, err := e.node.Client.CoreV1().Pods("users").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.CoreV1().Pods("users").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := e.waitReady(t, ctx, "users", "name=image-users", 1)[0]
+	p := e.WaitReady(t, ctx, "users", "name=image-users", 1)[0]
 	for _, c := range p.Spec.InitContainers {
 		if !strings.HasPrefix(c.Name, "user-") {
 			continue
 		}
-		if log := e.logs(ctx, "users", p.Name, c.Name); !strings.Contains(log, "dial "+e.server+" ok") {
-			t.Errorf("%s did not reach %s directly:\n%s", c.Name, e.server, log)
+		if log := e.Logs(ctx, "users", p.Name, c.Name); !strings.Contains(log, "dial "+e.Server+" ok") {
+			t.Errorf("%s did not reach %s directly:\n%s", c.Name, e.Server, log)
 		}
 	}
 }
@@ -243,31 +242,31 @@ func seed003ImageUsers(t *testing.T, ctx context.Context, e *env) {
 // argument)" and the pod never got a sandbox, so the webhook refused such pods). auto now writes
 // the rules with nftables, whose skuid/skgid matches the kernel accepts from the host: the pod is
 // admitted, its validator passes, and its traffic goes through the proxy.
-func seed003UserNamespaces(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "userns", true)
-	pod := e.pod("userns", "userns")
+func seed003UserNamespaces(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "userns", true)
+	pod := e.Pod("userns", "userns")
 	pod.Spec.HostUsers = ptr.To(false)
-	if _, err := e.node.Client.CoreV1().Pods("userns").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.CoreV1().Pods("userns").Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("creating a pod with hostUsers: false: %v", err)
 	}
-	p := e.waitReady(t, ctx, "userns", "name=userns", 1)[0]
+	p := e.WaitReady(t, ctx, "userns", "name=userns", 1)[0]
 	if p.Spec.HostUsers == nil || *p.Spec.HostUsers {
 		t.Fatalf("the pod runs with hostUsers %v, want false", p.Spec.HostUsers)
 	}
-	if code := checkExit(&p); code != 0 {
+	if code := framework.CheckExit(&p); code != 0 {
 		t.Errorf("the validator exited %d, want 0", code)
 	}
-	e.assertCaptured(t, ctx, p, "userns")
+	e.AssertCaptured(t, ctx, p, "userns")
 }
 
 // seed003NativeJob: in native-sidecar mode the proxy starts before the user's init
 // containers (their traffic goes through it) and a Job completes.
-func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "batch", true)
-	pod := e.pod("report", "batch")
+func seed003NativeJob(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "batch", true)
+	pod := e.Pod("report", "batch")
 	pod.Annotations = map[string]string{"detour.dev/sidecar-mode": "native"}
 	pod.Spec.RestartPolicy = corev1.RestartPolicyNever
-	pod.Spec.Containers[0].Args = []string{"dial", "-must", "-addr", e.server}
+	pod.Spec.Containers[0].Args = []string{"dial", "-must", "-addr", e.Server}
 	job := &batchv1.Job{
 		ObjectMeta: metav1.ObjectMeta{Name: "report", Namespace: "batch"},
 		Spec: batchv1.JobSpec{
@@ -276,20 +275,20 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
 		},
 	}
 	job.Spec.Template.Name, job.Spec.Template.Namespace = "", ""
-	if _, err := e.node.Client.BatchV1().Jobs("batch").Create(ctx, job, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.BatchV1().Jobs("batch").Create(ctx, job, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "Job report to complete", 2*time.Minute, func() (bool, error) {
-		j, err := e.node.Client.BatchV1().Jobs("batch").Get(ctx, "report", metav1.GetOptions{})
+	framework.WaitFor(t, ctx, "Job report to complete", 2*time.Minute, func() (bool, error) {
+		j, err := e.Node.Client.BatchV1().Jobs("batch").Get(ctx, "report", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		if j.Status.Failed > 0 {
-			return false, fmt.Errorf("job failed:\n%s", e.describe(ctx, "batch"))
+			return false, fmt.Errorf("job failed:\n%s", e.Describe(ctx, "batch"))
 		}
-		return j.Status.Succeeded == 1, seen("job status %+v; pods:\n%s", j.Status, e.describe(ctx, "batch"))
+		return j.Status.Succeeded == 1, framework.Seen("job status %+v; pods:\n%s", j.Status, e.Describe(ctx, "batch"))
 	})
-	pods, err := e.pods(ctx, "batch", "batch.kubernetes.io/job-name=report")
+	pods, err := e.Pods(ctx, "batch", "batch.kubernetes.io/job-name=report")
 	if err != nil || len(pods) != 1 {
 		t.Fatalf("the Job's pod: %v (%d pods)", err, len(pods))
 	}
@@ -297,19 +296,19 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *env) {
 	// The validator's check ran at the proxy's start (validator.mode auto on this node): the
 	// proxy is the first init container, and nothing of the check keeps the Job alive.
 	proxy := p.Spec.InitContainers[0]
-	if !folded(&p) || proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+	if !framework.ChecksAtProxyStart(&p) || proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
 		t.Errorf("first init container %s (restartPolicy %v, detour.dev/validator %q), want the native detour-proxy running the check", proxy.Name, proxy.RestartPolicy, p.Annotations[annotations.Validator])
 	}
 	// Both the init container's and the app's dial went through the proxy.
-	if log := e.logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.server) < 2 {
-		t.Errorf("the proxy did not carry both the init container's and the app's connection to %s:\n%s", e.server, log)
+	if log := e.Logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.Server) < 2 {
+		t.Errorf("the proxy did not carry both the init container's and the app's connection to %s:\n%s", e.Server, log)
 	}
 }
 
 // seed002NoNsenter: the runtime runs every plugin with a PATH that holds no nsenter and
 // nothing else of util-linux, and the stories above ran on it.
-func seed002NoNsenter(t *testing.T, ctx context.Context, e *env) {
-	pid := e.node.pid("containerd")
+func seed002NoNsenter(t *testing.T, ctx context.Context, e *framework.Env) {
+	pid := e.Node.PID("containerd")
 	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
 	if err != nil {
 		t.Fatal(err)
@@ -335,15 +334,15 @@ func seed002NoNsenter(t *testing.T, ctx context.Context, e *env) {
 			}
 		}
 	}
-	if added := e.pluginLog(t, "ADD", "redirected"); len(added) == 0 {
-		t.Errorf("detour-cni installed no redirect on this node; log:\n%s", tail(readFile(e.pluginLogPath()), 20))
+	if added := e.PluginLog(t, "ADD", "redirected"); len(added) == 0 {
+		t.Errorf("detour-cni installed no redirect on this node; log:\n%s", framework.Tail(framework.ReadFile(e.PluginLogPath()), 20))
 	}
 }
 
 // runtimeAnnotations: containerd hands the pod's annotations to detour-cni (the plugin's log
 // names that source) and the API server sees no GET of a pod from the plugin.
-func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
-	added := e.pluginLog(t, "ADD", "redirected")
+func runtimeAnnotations(t *testing.T, ctx context.Context, e *framework.Env) {
+	added := e.PluginLog(t, "ADD", "redirected")
 	if len(added) == 0 {
 		t.Fatal("no ADD installed a redirect yet")
 	}
@@ -352,7 +351,7 @@ func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
 			t.Errorf("the ADD of %s read the annotations from %q, not from the runtime", l.Pod, l.Annotations)
 		}
 	}
-	audit := readFile(e.node.AuditLogPath())
+	audit := framework.ReadFile(e.Node.AuditLogPath())
 	var gets int
 	for line := range strings.SplitSeq(audit, "\n") {
 		var ev struct {
@@ -364,7 +363,7 @@ func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
 		if json.Unmarshal([]byte(line), &ev) != nil {
 			continue
 		}
-		if ev.Verb == "get" && ev.User.Username == "system:serviceaccount:"+detourNamespace+":detour-cni" {
+		if ev.Verb == "get" && ev.User.Username == "system:serviceaccount:"+framework.DetourNamespace+":detour-cni" {
 			gets++
 		}
 	}
@@ -375,20 +374,20 @@ func runtimeAnnotations(t *testing.T, ctx context.Context, e *env) {
 		t.Error("the audit log is empty: the check above proves nothing")
 	}
 	// containerd polls STATUS; the node's network stays ready.
-	if status := e.pluginLog(t, "STATUS", "ready"); len(status) == 0 {
+	if status := e.PluginLog(t, "STATUS", "ready"); len(status) == 0 {
 		t.Errorf("containerd never called STATUS (or detour-cni logged none)")
 	}
 	// containerd 2.4 never calls CHECK or GC (docs/cni-plugin.md says so).
 	for _, cmd := range []string{"CHECK", "GC"} {
-		if n := len(e.pluginLog(t, cmd, "")); n != 0 {
+		if n := len(e.PluginLog(t, cmd, "")); n != 0 {
 			t.Errorf("containerd called %s %d times; docs/cni-plugin.md says it never does", cmd, n)
 		}
 	}
 }
 
 // kubectlWarnings: a real `kubectl apply` prints detour's admission warnings.
-func kubectlWarnings(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "warn", true)
+func kubectlWarnings(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "warn", true)
 	manifest := fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata:
@@ -409,132 +408,106 @@ spec:
       image: %[1]s
       imagePullPolicy: Never
       args: [serve, -listen, ":8080"]
-`, e.art.refs.Workload, e.server)
-	path := e.node.Dir + "/warn-pod.yaml"
+`, e.Artifacts.Refs.Workload, e.Server)
+	path := e.Node.Dir + "/warn-pod.yaml"
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	stdout, stderr, err := e.node.Kubectl(ctx, "apply", "-f", path)
+	stdout, stderr, err := e.Node.Kubectl(ctx, "apply", "-f", path)
 	if err != nil {
 		t.Fatalf("kubectl apply: %v\n%s%s", err, stdout, stderr)
 	}
 	if !strings.Contains(stderr, "Warning:") || !strings.Contains(stderr, "migrate") || !strings.Contains(stderr, "GID") {
 		t.Errorf("kubectl apply printed no warning about migrate's GID; stderr:\n%s", stderr)
 	}
-	e.waitReady(t, ctx, "warn", "", 1)
+	e.WaitReady(t, ctx, "warn", "", 1)
 }
 
 // checkClusterHealthy: on the node as the stories above left it — detour installed, the
 // agent ready, pods injected — `detour check --cluster` exits 0, and the checks that need
 // the real cluster pass: the certificate the webhook serves (seen through a port-forward by
 // the kubelet), a dry-run admission through the real webhook, the agent, taint and label.
-func checkClusterHealthy(t *testing.T, ctx context.Context, e *env) {
-	report, failed := e.checkCluster(t, ctx)
+func checkClusterHealthy(t *testing.T, ctx context.Context, e *framework.Env) {
+	report, failed := e.CheckCluster(t, ctx)
 	if failed {
 		t.Errorf("detour check --cluster failed on a healthy node: %+v", report.Results)
 	}
 	for _, name := range []string{"webhook-config", "webhook-endpoints", "webhook-certificate", "webhook-admission",
 		"webhook-deployment", "node-agent", "startup-taint", "ready-label", "validator"} {
-		wantCheck(t, report, name, clustercheck.OK, "")
-	}
-}
-
-// checkCluster runs `detour check --cluster -o json` inside the node's namespaces with the
-// admin kubeconfig, as a cluster admin would, and returns its report and whether it exited
-// non-zero.
-func (e *env) checkCluster(t testing.TB, ctx context.Context) (clustercheck.Report, bool) {
-	t.Helper()
-	stdout, stderr, err := e.node.RunSplit(ctx, nil, filepath.Join(e.art.dir, "detour"),
-		"check", "--cluster", "--kubeconfig", e.node.Kubeconfig, "-o", "json", "--since", "10m")
-	var r clustercheck.Report
-	if jerr := json.Unmarshal([]byte(stdout), &r); jerr != nil {
-		t.Fatalf("detour check --cluster -o json: %v (%v)\nstdout:\n%s\nstderr:\n%s", jerr, err, stdout, stderr)
-	}
-	return r, err != nil
-}
-
-// wantCheck fails t unless check name ran with status and a message containing want.
-func wantCheck(t testing.TB, r clustercheck.Report, name string, status clustercheck.Status, want string) {
-	t.Helper()
-	res, ok := r.Result(name)
-	switch {
-	case !ok:
-		t.Errorf("detour check --cluster ran no check %s", name)
-	case res.Status != status || !strings.Contains(res.Message, want):
-		t.Errorf("check %s: %s %q, want %s with %q (fix: %s)", name, res.Status, res.Message, status, want, res.Fix)
+		framework.WantCheck(t, report, name, clustercheck.OK, "")
 	}
 }
 
 // seed000Repair: with the agent gone and detour's configuration (drop-in or in-file entry)
 // removed behind its back, a new pod starts without rules and its validator fails; once the agent is back, repair deletes the
 // pod, its ReplicaSet recreates it and it runs. A bare pod is annotated, never deleted.
-func seed000Repair(t *testing.T, ctx context.Context, e *env) {
-	e.setAgent(t, ctx, false)
+func seed000Repair(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.SetAgent(t, ctx, false)
 	// Both forms go: the drop-in first, then the conflist's rewrite makes containerd reload.
-	if err := os.RemoveAll(filepath.Dir(e.dropInPath())); err != nil {
+	if err := os.RemoveAll(filepath.Dir(e.DropInPath())); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.node.WritePrimaryConfig(); err != nil {
+	if err := e.Node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
-	e.namespace(t, ctx, "late", true)
-	if _, err := e.node.Client.AppsV1().Deployments("late").Create(ctx, e.deployment("late", "late", 1), metav1.CreateOptions{}); err != nil {
+	e.Namespace(t, ctx, "late", true)
+	if _, err := e.Node.Client.AppsV1().Deployments("late").Create(ctx, e.Deployment("late", "late", 1), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.node.Client.CoreV1().Pods("late").Create(ctx, e.pod("bare", "late"), metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.CoreV1().Pods("late").Create(ctx, e.Pod("bare", "late"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var failed map[string]string // pod name → UID
-	waitFor(t, ctx, "both pods' validators to fail (no rules)", 2*time.Minute, func() (bool, error) {
-		pods, err := e.pods(ctx, "late", "")
+	framework.WaitFor(t, ctx, "both pods' validators to fail (no rules)", 2*time.Minute, func() (bool, error) {
+		pods, err := e.Pods(ctx, "late", "")
 		if err != nil {
 			return false, err
 		}
 		failed = map[string]string{}
 		for _, p := range pods {
-			if checkExit(&p) == 42 {
+			if framework.CheckExit(&p) == 42 {
 				failed[p.Name] = string(p.UID)
 			}
 		}
-		return len(failed) == 2, seen("validators failed with 42: %v; pods:\n%s", failed, e.describe(ctx, "late"))
+		return len(failed) == 2, framework.Seen("validators failed with 42: %v; pods:\n%s", failed, e.Describe(ctx, "late"))
 	})
 	// Caught at the proxy's start (validator.mode auto): the sidecar exited with the validator's
 	// code and message, and the app never ran (fail closed).
-	pods, err := e.pods(ctx, "late", "")
+	pods, err := e.Pods(ctx, "late", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range pods {
-		if !folded(&p) {
+		if !framework.ChecksAtProxyStart(&p) {
 			t.Errorf("pod %s: the check ran in %s, want the proxy's start", p.Name, validator.CheckContainer(&p))
 		}
 		for _, c := range p.Status.ContainerStatuses {
 			if c.State.Running != nil || c.State.Terminated != nil || c.LastTerminationState.Terminated != nil {
-				t.Errorf("pod %s: container %s ran although its proxy's check found no redirect: %s", p.Name, c.Name, containerStates(&p))
+				t.Errorf("pod %s: container %s ran although its proxy's check found no redirect: %s", p.Name, c.Name, framework.ContainerStates(&p))
 			}
 		}
 	}
 
 	// `detour check --cluster` sees the broken node: no agent, two failed validators.
-	report, exitNonZero := e.checkCluster(t, ctx)
+	report, exitNonZero := e.CheckCluster(t, ctx)
 	if !exitNonZero {
 		t.Errorf("detour check --cluster exited 0 on a node without its agent")
 	}
 	if res, _ := report.Result("node-agent"); res.Status == clustercheck.OK {
 		t.Errorf("check node-agent is ok on a node without its agent: %s", res.Message)
 	}
-	wantCheck(t, report, "validator", clustercheck.Error, "exit 42")
+	framework.WantCheck(t, report, "validator", clustercheck.Error, "exit 42")
 
-	e.setAgent(t, ctx, true)
-	replaced := e.waitReady(t, ctx, "late", "app=late", 1)[0]
+	e.SetAgent(t, ctx, true)
+	replaced := e.WaitReady(t, ctx, "late", "app=late", 1)[0]
 	if _, stale := failed[replaced.Name]; stale {
 		t.Errorf("the Deployment's pod %s was not recreated", replaced.Name)
 	}
-	if code := checkExit(&replaced); code != 0 {
+	if code := framework.CheckExit(&replaced); code != 0 {
 		t.Errorf("the recreated pod's validator exited %d", code)
 	}
-	waitFor(t, ctx, "repair to annotate the bare pod", time.Minute, func() (bool, error) {
-		p, err := e.node.Client.CoreV1().Pods("late").Get(ctx, "bare", metav1.GetOptions{})
+	framework.WaitFor(t, ctx, "repair to annotate the bare pod", time.Minute, func() (bool, error) {
+		p, err := e.Node.Client.CoreV1().Pods("late").Get(ctx, "bare", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -542,7 +515,7 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 			return false, fmt.Errorf("the bare pod was replaced")
 		}
 		_, ok := p.Annotations[repair.RecreateAnnotation]
-		return ok, seen("the bare pod's annotations %v", p.Annotations)
+		return ok, framework.Seen("the bare pod's annotations %v", p.Annotations)
 	})
 }
 
@@ -550,74 +523,74 @@ func seed000Repair(t *testing.T, ctx context.Context, e *env) {
 // says nothing is injected and runs captured, a namespace annotated detour.dev/inject: disabled
 // keeps its pods out, and detour check --cluster counts the namespaces that say nothing as
 // opted in. (The story before uninstall: it leaves the mesh-wide setting in place.)
-func meshWide(t *testing.T, ctx context.Context, e *env) {
-	e.namespace(t, ctx, "everywhere", false)
-	if _, err := e.node.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+func meshWide(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "everywhere", false)
+	if _, err := e.Node.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 		Name: "legacy", Annotations: map[string]string{annotations.Inject: string(annotations.InjectDisabled)},
 	}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.node.waitServiceAccount(ctx, "legacy"); err != nil {
+	if err := e.Node.WaitServiceAccount(ctx, "legacy"); err != nil {
 		t.Fatal(err)
 	}
-	defer e.dropNamespaces(t, ctx, "everywhere", "legacy")
-	e.installDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	defer e.DropNamespaces(t, ctx, "everywhere", "legacy")
+	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
 	for _, ns := range []string{"everywhere", "legacy"} {
-		if _, err := e.node.Client.CoreV1().Pods(ns).Create(ctx, e.pod("web", ns), metav1.CreateOptions{}); err != nil {
+		if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, e.Pod("web", ns), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	meshed := e.waitReady(t, ctx, "everywhere", "name=web", 1)[0]
+	meshed := e.WaitReady(t, ctx, "everywhere", "name=web", 1)[0]
 	if !annotations.IsInjected(meshed.Annotations) {
 		t.Fatalf("the pod of a namespace without detour.dev/inject was not injected under defaultInject enabled: %v", meshed.Annotations)
 	}
-	e.assertCaptured(t, ctx, meshed, "web")
-	if out := e.waitReady(t, ctx, "legacy", "name=web", 1)[0]; annotations.IsInjected(out.Annotations) {
+	e.AssertCaptured(t, ctx, meshed, "web")
+	if out := e.WaitReady(t, ctx, "legacy", "name=web", 1)[0]; annotations.IsInjected(out.Annotations) {
 		t.Errorf("the pod of a namespace annotated %s: disabled was injected", annotations.Inject)
 	}
-	report, _ := e.checkCluster(t, ctx)
-	wantCheck(t, report, "opted-in-namespaces", clustercheck.OK, "defaultInject is enabled")
+	report, _ := e.CheckCluster(t, ctx)
+	framework.WantCheck(t, report, "opted-in-namespaces", clustercheck.OK, "defaultInject is enabled")
 }
 
 // uninstallHelm: `helm uninstall` leaves no detour configuration on the node (no drop-in, no
 // entry in the conflist), running pods keep working, new pods start uninjected.
-func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
-	web, err := e.pods(ctx, "shop", "app=web")
+func uninstallHelm(t *testing.T, ctx context.Context, e *framework.Env) {
+	web, err := e.Pods(ctx, "shop", "app=web")
 	if err != nil || len(web) == 0 {
 		t.Fatalf("no web pod to keep running: %v", err)
 	}
 	// As docs/operations.md says: not in the middle of the agent's rollout (helm upgrade --wait
 	// returns once the new pod is scheduled: maxUnavailable rounds up to the one node), whose
 	// new pod would be deleted before it could remove anything.
-	if stdout, stderr, err := e.node.Kubectl(ctx, "-n", detourNamespace, "rollout", "status", "daemonset/detour-node-agent", "--timeout=3m"); err != nil {
+	if stdout, stderr, err := e.Node.Kubectl(ctx, "-n", framework.DetourNamespace, "rollout", "status", "daemonset/detour-node-agent", "--timeout=3m"); err != nil {
 		t.Fatalf("kubectl rollout status: %v\n%s%s", err, stdout, stderr)
 	}
 	// What the agent decided at SIGTERM, for when its configuration stays.
-	logs, err := e.holdAgentLogs(ctx, e.node)
+	logs, err := e.HoldAgentLogs(ctx, e.Node)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer logs.Close()
 	defer func() {
 		if t.Failed() {
-			t.Logf("the node agent's log at SIGTERM: %s", logs.atSIGTERM())
+			t.Logf("the node agent's log at SIGTERM: %s", logs.AtSIGTERM())
 		}
 	}()
-	if out, err := e.node.Helm(ctx, "uninstall", "detour", "--namespace", detourNamespace, "--wait", "--timeout", "2m"); err != nil {
+	if out, err := e.Node.Helm(ctx, "uninstall", "detour", "--namespace", framework.DetourNamespace, "--wait", "--timeout", "2m"); err != nil {
 		t.Fatalf("helm uninstall: %v\n%s", err, out)
 	}
-	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
-	e.assertCaptured(t, ctx, web[0], "web")
-	report, failed := e.checkCluster(t, ctx)
+	e.WaitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
+	e.AssertCaptured(t, ctx, web[0], "web")
+	report, failed := e.CheckCluster(t, ctx)
 	if !failed {
 		t.Errorf("detour check --cluster exited 0 after helm uninstall")
 	}
-	wantCheck(t, report, "detour-namespace", clustercheck.Error, "not installed")
-	if _, err := e.node.Client.CoreV1().Pods("shop").Create(ctx, e.pod("after", "shop"), metav1.CreateOptions{}); err != nil {
+	framework.WantCheck(t, report, "detour-namespace", clustercheck.Error, "not installed")
+	if _, err := e.Node.Client.CoreV1().Pods("shop").Create(ctx, e.Pod("after", "shop"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := e.waitReady(t, ctx, "shop", "name=after", 1)[0]
-	if annotations.IsInjected(p.Annotations) || len(p.Spec.InitContainers) != len(e.pod("after", "shop").Spec.InitContainers) {
+	p := e.WaitReady(t, ctx, "shop", "name=after", 1)[0]
+	if annotations.IsInjected(p.Annotations) || len(p.Spec.InitContainers) != len(e.Pod("after", "shop").Spec.InitContainers) {
 		t.Errorf("a pod created after uninstall was injected: %v", p.Spec.InitContainers)
 	}
 }
@@ -627,128 +600,49 @@ func uninstallHelm(t *testing.T, ctx context.Context, e *env) {
 // rules. Only what a cluster admin on another node would change changes: the CNI directories
 // are the node's, and the images the manifest names are tags of the ones built for the e2e.
 // Deleting the manifest takes detour's entry out of the conflist again.
-func installManifest(t *testing.T, ctx context.Context, e *env) {
-	manifest := readFile(filepath.Join(e.root, "manifests", "install.yaml"))
+func installManifest(t *testing.T, ctx context.Context, e *framework.Env) {
+	manifest := framework.ReadFile(filepath.Join(e.Root, "manifests", "install.yaml"))
 	// The manifest names no proxy: its ConfigMap asks for one, as a user sets it.
 	if !strings.Contains(manifest, "\n      image: \"\"\n") {
 		t.Fatal(`install.yaml has no empty proxy image (image: "") to set`)
 	}
-	manifest = strings.Replace(manifest, "\n      image: \"\"\n", "\n      image: "+e.art.refs.Proxy+"\n", 1)
+	manifest = strings.Replace(manifest, "\n      image: \"\"\n", "\n      image: "+e.Artifacts.Refs.Proxy+"\n", 1)
 	for _, m := range regexp.MustCompile(`image: (ghcr\.io/detourmesh/detour:\S+)`).FindAllStringSubmatch(manifest, -1) {
-		src := e.art.repo + ":" + e.art.tag
-		if out, err := e.node.Run(ctx, e.node.ctr("images", "tag", "--force", src, m[1])...); err != nil {
+		src := e.Artifacts.Repo + ":" + e.Artifacts.Tag
+		if out, err := e.Node.Run(ctx, e.Node.Ctr("images", "tag", "--force", src, m[1])...); err != nil {
 			t.Fatalf("tag %s as %s: %v\n%s", src, m[1], err, out)
 		}
 	}
-	manifest = strings.NewReplacer("/etc/cni/net.d", e.node.CNIConfDir, "/opt/cni/bin", e.node.CNIBinDir).Replace(manifest)
-	path := filepath.Join(e.node.Dir, "install.yaml")
+	manifest = strings.NewReplacer("/etc/cni/net.d", e.Node.CNIConfDir, "/opt/cni/bin", e.Node.CNIBinDir).Replace(manifest)
+	path := filepath.Join(e.Node.Dir, "install.yaml")
 	if err := os.WriteFile(path, []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if stdout, stderr, err := e.node.Kubectl(ctx, "apply", "-f", path); err != nil {
+	if stdout, stderr, err := e.Node.Kubectl(ctx, "apply", "-f", path); err != nil {
 		t.Fatalf("kubectl apply -f install.yaml: %v\n%s%s", err, stdout, stderr)
 	}
 	for _, rollout := range []string{"deployment/detour-webhook", "daemonset/detour-node-agent"} {
-		if stdout, stderr, err := e.node.Kubectl(ctx, "-n", detourNamespace, "rollout", "status", rollout, "--timeout=3m"); err != nil {
-			t.Fatalf("kubectl rollout status %s: %v\n%s%s\n%s", rollout, err, stdout, stderr, e.describe(ctx, detourNamespace))
+		if stdout, stderr, err := e.Node.Kubectl(ctx, "-n", framework.DetourNamespace, "rollout", "status", rollout, "--timeout=3m"); err != nil {
+			t.Fatalf("kubectl rollout status %s: %v\n%s%s\n%s", rollout, err, stdout, stderr, e.Describe(ctx, framework.DetourNamespace))
 		}
 	}
-	e.namespace(t, ctx, "manifest", true)
-	if _, err := e.node.Client.CoreV1().Pods("manifest").Create(ctx, e.pod("m", "manifest"), metav1.CreateOptions{}); err != nil {
+	e.Namespace(t, ctx, "manifest", true)
+	if _, err := e.Node.Client.CoreV1().Pods("manifest").Create(ctx, e.Pod("m", "manifest"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := e.waitReady(t, ctx, "manifest", "name=m", 1)[0]
+	p := e.WaitReady(t, ctx, "manifest", "name=m", 1)[0]
 	if !annotations.IsInjected(p.Annotations) {
 		t.Errorf("pod m is not injected: %v", p.Annotations)
 	}
-	if code := checkExit(&p); code != 0 {
+	if code := framework.CheckExit(&p); code != 0 {
 		t.Errorf("pod m: the validator exited %d, want 0", code)
 	}
-	e.assertCaptured(t, ctx, p, "m")
+	e.AssertCaptured(t, ctx, p, "m")
 
-	if stdout, stderr, err := e.node.Kubectl(ctx, "delete", "-f", path, "--wait", "--timeout=2m"); err != nil {
+	if stdout, stderr, err := e.Node.Kubectl(ctx, "delete", "-f", path, "--wait", "--timeout=2m"); err != nil {
 		t.Fatalf("kubectl delete -f install.yaml: %v\n%s%s", err, stdout, stderr)
 	}
-	e.waitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
-}
-
-// pod is an opted-in test pod: an init container that dials the test server (it must reach
-// it) and an app that serves on 8080, running as UID 1000.
-func (e *env) pod(name, ns string) *corev1.Pod {
-	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"name": name}},
-		Spec: corev1.PodSpec{
-			AutomountServiceAccountToken:  ptr.To(false),
-			TerminationGracePeriodSeconds: ptr.To[int64](2),
-			InitContainers: []corev1.Container{{
-				Name: "init", Image: e.img.refs.Workload, ImagePullPolicy: e.img.pull,
-				Args:            []string{"dial", "-must", "-addr", e.server},
-				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1500)},
-			}},
-			Containers: []corev1.Container{{
-				Name: "app", Image: e.img.refs.Workload, ImagePullPolicy: e.img.pull,
-				Args:            []string{"dial", "-retry", "30s", "-addr", e.server, "then", "serve", "-listen", ":8080"},
-				SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(8080)}},
-					PeriodSeconds: 1,
-				},
-			}},
-		},
-	}
-}
-
-// deployment runs replicas of pod in ns with label app=name.
-func (e *env) deployment(name, ns string, replicas int32) *appsv1.Deployment {
-	p := e.pod(name, ns)
-	labels := map[string]string{"app": name}
-	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: appsv1.DeploymentSpec{
-			Replicas: &replicas,
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: p.Spec},
-		},
-	}
-}
-
-func (e *env) pods(ctx context.Context, ns, selector string) ([]corev1.Pod, error) {
-	list, err := e.node.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector})
-	if err != nil {
-		return nil, err
-	}
-	return list.Items, nil
-}
-
-// waitReady waits until n pods of ns matching selector are Ready and returns them.
-func (e *env) waitReady(t testing.TB, ctx context.Context, ns, selector string, n int) []corev1.Pod {
-	t.Helper()
-	var ready []corev1.Pod
-	err := poll(ctx, 2*time.Minute, func() (bool, error) {
-		pods, err := e.pods(ctx, ns, selector)
-		if err != nil {
-			return false, err
-		}
-		ready = ready[:0]
-		var waiting []string
-		for _, p := range pods {
-			if p.DeletionTimestamp == nil && podReady(&p) {
-				ready = append(ready, p)
-			} else {
-				waiting = append(waiting, p.Name)
-			}
-		}
-		return len(ready) == n, seen("%d ready, not ready: %v", len(ready), waiting)
-	})
-	if err != nil {
-		t.Fatalf("waiting for %d ready pods %q in %s: %v\n%s", n, selector, ns, err, e.describe(ctx, ns))
-	}
-	return ready
-}
-
-// hasStartupTaint reports whether node carries detour's startup taint.
-func hasStartupTaint(node *corev1.Node) bool {
-	return slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return t.Key == StartupTaint })
+	e.WaitDetourConfigs(t, ctx, "detour's drop-in and entry to leave the node")
 }
 
 // unschedulableForTaint reports whether the scheduler marked p unschedulable for a taint
@@ -763,80 +657,13 @@ func unschedulableForTaint(p *corev1.Pod) bool {
 	return false
 }
 
-// assertCaptured checks both directions of pod's redirect: a connection from the node to
-// the app's port reaches the app through the proxy's inbound listener, and the app's own
-// dial to the test server went through the proxy to the right original destination.
-func (e *env) assertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, app string) {
-	t.Helper()
-	// Ready does not mean the app serves yet: the readiness probe's connection is captured by
-	// the proxy's inbound listener like any other, so wait for the app's reply.
-	var reply string
-	err := poll(ctx, 30*time.Second, func() (bool, error) {
-		conn, err := e.node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
-		if err != nil {
-			return false, err
-		}
-		defer conn.Close()
-		buf := make([]byte, 512)
-		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-		n, err := conn.Read(buf)
-		reply = string(buf[:n])
-		return reply != "", seen("no reply: %v", err)
-	})
-	if err != nil {
-		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
-	}
-	if !strings.Contains(reply, "127.0.0.1") && !strings.Contains(reply, "::1") {
-		t.Errorf("the app of %s saw a connection that did not come through the proxy: %q", p.Name, reply)
-	}
-	proxyLog := e.logs(ctx, p.Namespace, p.Name, "detour-proxy")
-	if !strings.Contains(proxyLog, "proxy inbound") {
-		t.Errorf("the proxy of %s logged no inbound connection:\n%s", p.Name, proxyLog)
-	}
-	if !strings.Contains(proxyLog, "-> "+e.server) {
-		t.Errorf("the proxy of %s did not carry the app's connection to %s:\n%s", p.Name, e.server, proxyLog)
-	}
-}
-
-// pluginEntry is one line of detour-cni's log (JSON, one per command).
-type pluginEntry struct {
-	Time        time.Time `json:"time"`
-	Command     string    `json:"command"`
-	Pod         string    `json:"pod"`
-	Decision    string    `json:"decision"`
-	Annotations string    `json:"annotations"`
-	Duration    string    `json:"duration"`
-	Error       string    `json:"error"`
-}
-
-// pluginLog returns detour-cni's log entries for command; decision, when set, must match.
-func (e *env) pluginLog(t testing.TB, command, decision string) []pluginEntry {
-	t.Helper()
-	return pluginLogAt(e.pluginLogPath(), command, decision)
-}
-
-// pluginLogAt is pluginLog of the detour-cni log at path (another node's).
-func pluginLogAt(path, command, decision string) []pluginEntry {
-	var out []pluginEntry
-	for line := range strings.SplitSeq(readFile(path), "\n") {
-		var l pluginEntry
-		if json.Unmarshal([]byte(line), &l) != nil {
-			continue
-		}
-		if l.Command == command && (decision == "" || l.Decision == decision) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
 // demoDeployment is testdata/workloads/demo.yaml with its busybox commands played by the
 // workload image (the node has no registry): fetch dials the test server as root, web dials
 // it through the proxy and then serves. Everything else — the opt-in, container mode, the
 // users, the volume — is the file's.
-func (e *env) demoDeployment(t testing.TB) *appsv1.Deployment {
+func demoDeployment(t testing.TB, e *framework.Env) *appsv1.Deployment {
 	t.Helper()
-	data, err := os.ReadFile(e.root + "/testdata/workloads/demo.yaml")
+	data, err := os.ReadFile(e.Root + "/testdata/workloads/demo.yaml")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -848,13 +675,13 @@ func (e *env) demoDeployment(t testing.TB) *appsv1.Deployment {
 	spec := &dep.Spec.Template.Spec
 	for i := range spec.InitContainers {
 		c := &spec.InitContainers[i]
-		c.Image, c.ImagePullPolicy, c.Command = e.art.refs.Workload, corev1.PullNever, nil
-		c.Args = []string{"dial", "-must", "-addr", e.server}
+		c.Image, c.ImagePullPolicy, c.Command = e.Artifacts.Refs.Workload, corev1.PullNever, nil
+		c.Args = []string{"dial", "-must", "-addr", e.Server}
 	}
 	for i := range spec.Containers {
 		c := &spec.Containers[i]
-		c.Image, c.ImagePullPolicy, c.Command = e.art.refs.Workload, corev1.PullNever, nil
-		c.Args = []string{"dial", "-retry", "30s", "-addr", e.server, "then", "serve", "-listen", ":8080"}
+		c.Image, c.ImagePullPolicy, c.Command = e.Artifacts.Refs.Workload, corev1.PullNever, nil
+		c.Args = []string{"dial", "-retry", "30s", "-addr", e.Server, "then", "serve", "-listen", ":8080"}
 	}
 	return &dep
 }

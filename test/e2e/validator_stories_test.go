@@ -16,6 +16,7 @@ import (
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
 	"github.com/detourmesh/detour/internal/clustercheck"
+	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -28,21 +29,21 @@ import (
 // its init containers, mounts detour's image, runs the check as the proxy's UID and execs the
 // test proxy, whose log shows both; its traffic is captured both ways. The webhook and detour
 // check --cluster say where the check runs and why.
-func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *env) {
-	node, err := e.node.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *framework.Env) {
+	node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, framework.NodeName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if node.Labels[annotations.ImageVolumesLabel] != "true" {
-		t.Fatalf("node %s labels %v: the agent did not label it %s=true (kubelet %s, runtime %s)", NodeName, node.Labels,
+		t.Fatalf("node %s labels %v: the agent did not label it %s=true (kubelet %s, runtime %s)", framework.NodeName, node.Labels,
 			annotations.ImageVolumesLabel, node.Status.NodeInfo.KubeletVersion, node.Status.NodeInfo.ContainerRuntimeVersion)
 	}
-	e.namespace(t, ctx, "fold", true)
-	if _, err := e.node.Client.CoreV1().Pods("fold").Create(ctx, e.pod("web", "fold"), metav1.CreateOptions{}); err != nil {
+	e.Namespace(t, ctx, "fold", true)
+	if _, err := e.Node.Client.CoreV1().Pods("fold").Create(ctx, e.Pod("web", "fold"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	p := e.waitReady(t, ctx, "fold", "name=web", 1)[0]
-	if !folded(&p) {
+	p := e.WaitReady(t, ctx, "fold", "name=web", 1)[0]
+	if !framework.ChecksAtProxyStart(&p) {
 		t.Fatalf("detour.dev/validator is %q, want image-volume", p.Annotations[annotations.Validator])
 	}
 	names := containerNames(p.Spec.InitContainers)
@@ -54,13 +55,13 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *env) {
 		t.Errorf("proxy command %q args %q", proxy.Command, proxy.Args)
 	}
 	if i := slices.IndexFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == annotations.ValidatorVolume }); i < 0 ||
-		p.Spec.Volumes[i].Image == nil || p.Spec.Volumes[i].Image.Reference != e.art.repo+":"+e.art.tag {
-		t.Errorf("volumes %+v, want detour's image %s:%s as an image volume", p.Spec.Volumes, e.art.repo, e.art.tag)
+		p.Spec.Volumes[i].Image == nil || p.Spec.Volumes[i].Image.Reference != e.Artifacts.Repo+":"+e.Artifacts.Tag {
+		t.Errorf("volumes %+v, want detour's image %s:%s as an image volume", p.Spec.Volumes, e.Artifacts.Repo, e.Artifacts.Tag)
 	}
-	if code := checkExit(&p); code != 0 {
+	if code := framework.CheckExit(&p); code != 0 {
 		t.Errorf("the check exited %d, want 0", code)
 	}
-	log := e.logs(ctx, "fold", "web", annotations.ProxyContainer)
+	log := e.Logs(ctx, "fold", "web", annotations.ProxyContainer)
 	for _, want := range []string{
 		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4142",
 		validator.StartedMarker + "testproxy",
@@ -70,26 +71,26 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *env) {
 			t.Errorf("the proxy's log lacks %q:\n%s", want, log)
 		}
 	}
-	e.assertCaptured(t, ctx, p, "web")
+	e.AssertCaptured(t, ctx, p, "web")
 
-	if log := e.webhookLog(t, ctx); !lineWith(log, `"validator mode"`, `"image-volume"`, "every node (1) mounts image volumes") {
-		t.Errorf("the webhook's log does not say it runs the check in the proxy's start, and why:\n%s", tail(log, 20))
+	if log := webhookLog(t, ctx, e); !lineWith(log, `"validator mode"`, `"image-volume"`, "every node (1) mounts image volumes") {
+		t.Errorf("the webhook's log does not say it runs the check in the proxy's start, and why:\n%s", framework.Tail(log, 20))
 	}
-	report, _ := e.checkCluster(t, ctx)
-	wantCheck(t, report, "validator-mode", clustercheck.OK, "runs at the start of the detour-proxy container (image volume): every node (1) mounts image volumes")
+	report, _ := e.CheckCluster(t, ctx)
+	framework.WantCheck(t, report, "validator-mode", clustercheck.OK, "runs at the start of the detour-proxy container (image volume): every node (1) mounts image volumes")
 }
 
 // validatorDebugContainer: `kubectl debug` adds an ephemeral container to a pod whose check ran
 // in its proxy's start: its connection is captured like the app's (the proxy carries it).
-func validatorDebugContainer(t *testing.T, ctx context.Context, e *env) {
-	before := strings.Count(e.logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.server)
-	out, errOut, err := e.node.Kubectl(ctx, "-n", "fold", "debug", "web", "--image", e.art.refs.Workload,
-		"--image-pull-policy", "Never", "--container", "debugger", "--", "/usr/local/bin/workload", "dial", "-must", "-addr", e.server)
+func validatorDebugContainer(t *testing.T, ctx context.Context, e *framework.Env) {
+	before := strings.Count(e.Logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.Server)
+	out, errOut, err := e.Node.Kubectl(ctx, "-n", "fold", "debug", "web", "--image", e.Artifacts.Refs.Workload,
+		"--image-pull-policy", "Never", "--container", "debugger", "--", "/usr/local/bin/workload", "dial", "-must", "-addr", e.Server)
 	if err != nil {
 		t.Fatalf("kubectl debug: %v\n%s%s", err, out, errOut)
 	}
-	waitFor(t, ctx, "the debug container to finish", time.Minute, func() (bool, error) {
-		p, err := e.node.Client.CoreV1().Pods("fold").Get(ctx, "web", metav1.GetOptions{})
+	framework.WaitFor(t, ctx, "the debug container to finish", time.Minute, func() (bool, error) {
+		p, err := e.Node.Client.CoreV1().Pods("fold").Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -101,10 +102,10 @@ func validatorDebugContainer(t *testing.T, ctx context.Context, e *env) {
 				return true, nil
 			}
 		}
-		return false, seen("ephemeral containers %+v", p.Status.EphemeralContainerStatuses)
+		return false, framework.Seen("ephemeral containers %+v", p.Status.EphemeralContainerStatuses)
 	})
-	if after := strings.Count(e.logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.server); after != before+1 {
-		t.Errorf("the proxy carried %d connections to %s after the debug container's dial, %d before: want one more", after, e.server, before)
+	if after := strings.Count(e.Logs(ctx, "fold", "web", annotations.ProxyContainer), "-> "+e.Server); after != before+1 {
+		t.Errorf("the proxy carried %d connections to %s after the debug container's dial, %d before: want one more", after, e.Server, before)
 	}
 }
 
@@ -112,8 +113,8 @@ func validatorDebugContainer(t *testing.T, ctx context.Context, e *env) {
 // joins (a Node object reporting kubelet 1.34): the webhook goes back to the validator init
 // container for new pods, says why in its log, and detour check --cluster names the node; once
 // the node is gone, new pods run the check in the proxy's start again.
-func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context, e *env) {
-	nodes := e.node.Client.CoreV1().Nodes()
+func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context, e *framework.Env) {
+	nodes := e.Node.Client.CoreV1().Nodes()
 	old := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "e2e-old-node", Labels: map[string]string{"kubernetes.io/os": "linux"}},
 		Spec: corev1.NodeSpec{Taints: []corev1.Taint{{Key: "e2e.detour.dev/no-kubelet", Effect: corev1.TaintEffectNoSchedule}}}}
 	if _, err := nodes.Create(ctx, old, metav1.CreateOptions{}); err != nil {
@@ -137,46 +138,46 @@ func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context,
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.waitDryRunValidator(t, ctx, annotations.ValidatorInitContainer)
+	waitDryRunValidator(t, ctx, e, annotations.ValidatorInitContainer)
 	// Logged when the mode changed: the node, created without versions, counted as unable at once.
-	if log := e.webhookLog(t, ctx); !lineWith(log, `"validator mode"`, `"init-container"`, "1 of 2 nodes cannot mount image volumes: e2e-old-node: ") {
-		t.Errorf("the webhook's log does not say why it went back to the init container:\n%s", tail(log, 20))
+	if log := webhookLog(t, ctx, e); !lineWith(log, `"validator mode"`, `"init-container"`, "1 of 2 nodes cannot mount image volumes: e2e-old-node: ") {
+		t.Errorf("the webhook's log does not say why it went back to the init container:\n%s", framework.Tail(log, 20))
 	}
-	report, _ := e.checkCluster(t, ctx)
-	wantCheck(t, report, "validator-mode", clustercheck.OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: e2e-old-node: the kubelet v1.34.3")
+	report, _ := e.CheckCluster(t, ctx)
+	framework.WantCheck(t, report, "validator-mode", clustercheck.OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: e2e-old-node: the kubelet v1.34.3")
 
 	if err := nodes.Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitDryRunValidator(t, ctx, annotations.ValidatorImageVolume)
+	waitDryRunValidator(t, ctx, e, annotations.ValidatorImageVolume)
 }
 
 // waitDryRunValidator waits until a pod created in namespace fold (dry run: nothing is stored or
 // runs) comes back from the webhook with its check where want says.
-func (e *env) waitDryRunValidator(t testing.TB, ctx context.Context, want annotations.ValidatorModeValue) {
+func waitDryRunValidator(t testing.TB, ctx context.Context, e *framework.Env, want annotations.ValidatorModeValue) {
 	t.Helper()
-	waitFor(t, ctx, "the webhook to put the check in "+string(want), time.Minute, func() (bool, error) {
-		pod := e.pod("probe", "fold")
-		got, err := e.node.Client.CoreV1().Pods("fold").Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	framework.WaitFor(t, ctx, "the webhook to put the check in "+string(want), time.Minute, func() (bool, error) {
+		pod := e.Pod("probe", "fold")
+		got, err := e.Node.Client.CoreV1().Pods("fold").Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {
 			return false, err
 		}
 		mode := annotations.ValidatorModeValue(got.Annotations[annotations.Validator])
 		hasValidator := slices.Contains(containerNames(got.Spec.InitContainers), annotations.ValidatorContainer)
-		return mode == want && hasValidator == (want == annotations.ValidatorInitContainer), seen("detour.dev/validator %q, init containers %v", mode, containerNames(got.Spec.InitContainers))
+		return mode == want && hasValidator == (want == annotations.ValidatorInitContainer), framework.Seen("detour.dev/validator %q, init containers %v", mode, containerNames(got.Spec.InitContainers))
 	})
 }
 
 // webhookLog is the log of the webhook's pods.
-func (e *env) webhookLog(t testing.TB, ctx context.Context) string {
+func webhookLog(t testing.TB, ctx context.Context, e *framework.Env) string {
 	t.Helper()
-	pods, err := e.node.Client.CoreV1().Pods(detourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
+	pods, err := e.Node.Client.CoreV1().Pods(framework.DetourNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=webhook"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
 	for _, p := range pods.Items {
-		b.WriteString(e.logs(ctx, detourNamespace, p.Name, "webhook"))
+		b.WriteString(e.Logs(ctx, framework.DetourNamespace, p.Name, "webhook"))
 	}
 	return b.String()
 }

@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"context"
@@ -24,8 +24,8 @@ import (
 const (
 	// FlannelNetwork is the name of flannel's network (kube-flannel.yml's conflist's "name").
 	FlannelNetwork = "cbr0"
-	// flannelNamespace is where kube-flannel.yml installs it.
-	flannelNamespace = "kube-flannel"
+	// FlannelNamespace is where kube-flannel.yml installs it.
+	FlannelNamespace = "kube-flannel"
 	// flannelConflist is the file its install-cni init container writes.
 	flannelConflist = "10-flannel.conflist"
 )
@@ -37,8 +37,8 @@ func (n *Node) flannelDir() string { return n.root().ownFlannelDir() }
 // ownFlannelDir is where this node's flannelDir is on the host's side of its mounts.
 func (n *Node) ownFlannelDir() string { return filepath.Join(n.Dir, "cni", "flannel") }
 
-// flannelSubnetFile is the subnet file flanneld writes on this node.
-func (n *Node) flannelSubnetFile() string { return filepath.Join(n.ownFlannelDir(), "subnet.env") }
+// FlannelSubnetFile is the subnet file flanneld writes on this node.
+func (n *Node) FlannelSubnetFile() string { return filepath.Join(n.ownFlannelDir(), "subnet.env") }
 
 // deployFlannel applies flannel's objects with image; its DaemonSet's pod on each node writes
 // the node's conflist, and the node becomes Ready then.
@@ -58,7 +58,7 @@ func (n *Node) deployFlannel(ctx context.Context, image string) error {
 // an init container), and a pod started in between fails its sandbox until then, as on any
 // flannel node.
 func (n *Node) waitFlannel(ctx context.Context) error {
-	path := n.flannelSubnetFile()
+	path := n.FlannelSubnetFile()
 	err := wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 2*time.Minute, true, func(context.Context) (bool, error) {
 		return fileExists(path), nil
 	})
@@ -220,7 +220,7 @@ spec:
           hostPath: {path: %[13]s}
         - name: flannel-cfg
           configMap: {name: kube-flannel-cfg}
-`, flannelNamespace, FlannelNetwork, filepath.Join(run, "subnet.env"), filepath.Join(run, "data"),
-		filepath.Join(r.Dir, "cni", "ipam"), clusterCIDR, image, flannelConflist, nodeIP, apiPort,
+`, FlannelNamespace, FlannelNetwork, filepath.Join(run, "subnet.env"), filepath.Join(run, "data"),
+		filepath.Join(r.Dir, "cni", "ipam"), ClusterCIDR, image, flannelConflist, NodeIP, APIPort,
 		run, r.CNIBinDir, r.CNIConfDir)
 }

@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"context"
@@ -14,29 +14,32 @@ import (
 	"github.com/detourmesh/detour/test/images"
 )
 
-// artifacts are what the e2e installs: detour's image, built the way `make image` builds it,
+// Artifacts are what the e2e installs: detour's image, built the way `make image` builds it,
 // the test images (pause, the test proxy, the workload in its three USER variants), the
 // cluster DNS's, and the images of Kubernetes' own network tests (package upstream).
-type artifacts struct {
-	dir      string
-	tarballs []string
-	refs     images.Refs
+type Artifacts struct {
+	dir string
+	// Tarballs are the docker-save tarballs every node imports: detour's image, the test
+	// images, the cluster's own.
+	Tarballs []string
+	// Refs are the test images' references, as the nodes know them after the import.
+	Refs images.Refs
 	// testImages are the test images in tarballs, by reference.
 	testImages map[string]v1.Image
-	// repo and tag of detour's image.
-	repo, tag string
+	// Repo and Tag are detour's image's.
+	Repo, Tag string
 	// workloadBin is the workload program, for the test server outside the pods.
 	workloadBin string
 }
 
 const e2eVersion = "v0.0.0-e2e"
 
-func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
+func buildArtifacts(ctx context.Context, root, bin string) (*Artifacts, error) {
 	dir, err := os.MkdirTemp("", "detour-e2e-artifacts-")
 	if err != nil {
 		return nil, err
 	}
-	a := &artifacts{dir: dir, repo: "detour.test/detour", tag: "e2e"}
+	a := &Artifacts{dir: dir, Repo: "detour.test/detour", Tag: "e2e"}
 	for _, cmd := range []string{"detour", "detour-cni"} {
 		build := exec.CommandContext(ctx, "go", "build", "-trimpath",
 			"-ldflags", "-s -w -X github.com/detourmesh/detour/internal/version.Version="+e2eVersion,
@@ -48,7 +51,7 @@ func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 		}
 	}
 	spec := image.DetourSpec(dir, e2eVersion)
-	spec.Ref = a.repo + ":" + a.tag
+	spec.Ref = a.Repo + ":" + a.Tag
 	img, err := image.Build(spec)
 	if err != nil {
 		return nil, err
@@ -73,8 +76,8 @@ func buildArtifacts(ctx context.Context, root, bin string) (*artifacts, error) {
 	if err := image.WriteTarball(clusterTar, clusterImgs); err != nil {
 		return nil, err
 	}
-	a.tarballs = []string{detourTar, built.Tarball, clusterTar}
-	a.refs, a.testImages = built.Refs, built.Images
+	a.Tarballs = []string{detourTar, built.Tarball, clusterTar}
+	a.Refs, a.testImages = built.Refs, built.Images
 	a.workloadBin = built.Bin("workload")
 	return a, nil
 }

@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"fmt"
@@ -63,7 +63,7 @@ func sweep(base string) {
 		removeCgroup(e.Name())
 		os.RemoveAll(dir)
 	}
-	h, err := trackingHierarchy()
+	h, err := TrackingHierarchy()
 	if err != nil {
 		return
 	}

@@ -1,13 +1,11 @@
-package e2e
+package framework
 
 import (
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/detourmesh/detour/internal/fsutil"
 )
@@ -46,7 +44,7 @@ func (n *Node) writeFiles() error {
 			return err
 		}
 	}
-	registryHost := net.JoinHostPort(nodeIP.String(), fmt.Sprint(RegistryPort))
+	registryHost := net.JoinHostPort(NodeIP.String(), fmt.Sprint(RegistryPort))
 	if err := os.MkdirAll(filepath.Join(n.registryHostsDir(), registryHost), 0o755); err != nil {
 		return err
 	}
@@ -62,7 +60,7 @@ func (n *Node) writeFiles() error {
 		return err
 	}
 	for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
-		if err := os.Symlink(n.bin(p), filepath.Join(n.CNIBinDir, p)); err != nil {
+		if err := os.Symlink(n.Bin(p), filepath.Join(n.CNIBinDir, p)); err != nil {
 			return err
 		}
 	}
@@ -81,7 +79,7 @@ func (n *Node) writePKI() error {
 	n.pki = p
 	ids := []identity{
 		{name: "apiserver", cn: "kube-apiserver", server: true,
-			ips: []net.IP{net.ParseIP("127.0.0.1"), nodeIP.AsSlice(), serviceIP.AsSlice()},
+			ips: []net.IP{net.ParseIP("127.0.0.1"), NodeIP.AsSlice(), serviceIP.AsSlice()},
 			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
 		{name: "admin", cn: "e2e-admin", orgs: []string{"system:masters"}},
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
@@ -195,7 +193,7 @@ func (n *Node) Primary() string {
 func (n *Node) writeRuntimePath() error {
 	dir := filepath.Join(n.Dir, "runtime-bin")
 	for _, b := range []string{"containerd-shim-runc-v2", "runc"} {
-		if err := os.Symlink(n.bin(b), filepath.Join(dir, b)); err != nil {
+		if err := os.Symlink(n.Bin(b), filepath.Join(dir, b)); err != nil {
 			return err
 		}
 	}
@@ -218,112 +216,6 @@ func (n *Node) writeRuntimePath() error {
 func (n *Node) RuntimePath() string { return filepath.Join(n.Dir, "runtime-bin") }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-// env is the environment of the node's processes other than containerd.
-func (n *Node) env() []string {
-	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + n.Dir, "KUBECONFIG=" + n.Kubeconfig}
-}
-
-// command is how component name starts.
-func (n *Node) command(name string) (argv, env []string) {
-	pki := n.pki.path
-	env = n.env()
-	switch name {
-	case "etcd":
-		argv = []string{n.bin("etcd"), "--name", "e2e", "--data-dir", filepath.Join(n.Dir, "etcd"),
-			"--listen-client-urls", "http://127.0.0.1:2379", "--advertise-client-urls", "http://127.0.0.1:2379",
-			"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
-			"--initial-cluster", "e2e=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level", "warn"}
-	case "kube-apiserver":
-		argv = []string{n.bin("kube-apiserver"),
-			"--etcd-servers", "http://127.0.0.1:2379",
-			"--bind-address", "0.0.0.0", "--secure-port", fmt.Sprint(apiPort), "--advertise-address", nodeIP.String(),
-			"--service-cluster-ip-range", serviceCIDR,
-			"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
-			"--client-ca-file", pki("ca.crt"),
-			"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
-			"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-			"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
-			"--allow-privileged=true",
-			"--kubelet-client-certificate", pki("apiserver-kubelet-client.crt"),
-			"--kubelet-client-key", pki("apiserver-kubelet-client.key"),
-			"--kubelet-certificate-authority", pki("ca.crt"),
-			// No DNS in the node: reach the kubelet by its IP (logs, exec).
-			"--kubelet-preferred-address-types", "InternalIP",
-			// Call webhooks at a ready endpoint of their Service, not through its ClusterIP: a
-			// connection to the ClusterIP that the API server keeps alive can outlive the
-			// webhook pod kube-proxy translated it to, and a pod created right after the
-			// webhook's rollout then waited out the call's 10 s (seen in CI, under load).
-			"--enable-aggregator-routing=true",
-			"--audit-policy-file", filepath.Join(n.Dir, "audit-policy.yaml"),
-			"--audit-log-path", n.AuditLogPath(), "--audit-log-format", "json",
-			"--profiling=false"}
-	case "kube-controller-manager":
-		argv = []string{n.bin("kube-controller-manager"),
-			"--kubeconfig", pki("kube-controller-manager.kubeconfig"),
-			"--authentication-kubeconfig", pki("kube-controller-manager.kubeconfig"),
-			"--authorization-kubeconfig", pki("kube-controller-manager.kubeconfig"),
-			"--bind-address", "127.0.0.1", "--secure-port", "10257",
-			"--use-service-account-credentials=true",
-			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
-			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
-			"--service-cluster-ip-range", serviceCIDR, "--leader-elect=false", "--profiling=false"}
-		if n.flannel() {
-			// Flannel's kube subnet manager takes each node's pod range from its Node.
-			argv = append(argv, "--allocate-node-cidrs=true", "--cluster-cidr", clusterCIDR.String(),
-				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
-		}
-	case "kube-scheduler":
-		argv = []string{n.bin("kube-scheduler"),
-			"--kubeconfig", pki("kube-scheduler.kubeconfig"),
-			"--authentication-kubeconfig", pki("kube-scheduler.kubeconfig"),
-			"--authorization-kubeconfig", pki("kube-scheduler.kubeconfig"),
-			"--bind-address", "127.0.0.1", "--secure-port", "10259", "--leader-elect=false", "--profiling=false"}
-	case "containerd":
-		argv = []string{n.bin("containerd"), "--config", filepath.Join(n.Dir, "containerd.toml")}
-		env = []string{"PATH=" + n.RuntimePath(), "HOME=" + n.Dir}
-	case "kubelet":
-		argv = []string{n.bin("kubelet"),
-			"--config", filepath.Join(n.Dir, "kubelet.yaml"),
-			"--kubeconfig", pki(n.kubeletPKI() + ".kubeconfig"),
-			"--root-dir", filepath.Join(n.Dir, "kubelet"),
-			"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "2"}
-		if len(n.opts.Taints) > 0 {
-			argv = append(argv, "--register-with-taints", strings.Join(n.opts.Taints, ","))
-		}
-		if len(n.opts.Labels) > 0 {
-			argv = append(argv, "--node-labels", strings.Join(n.opts.Labels, ","))
-		}
-	case "kube-proxy":
-		// nftables mode, as a cluster built today would choose. The conntrack table's size is
-		// machine-wide, not the node's: left as it is.
-		argv = []string{n.bin("kube-proxy"),
-			"--kubeconfig", pki("kube-proxy.kubeconfig"), "--hostname-override", n.Name,
-			"--proxy-mode", "nftables", "--cluster-cidr", clusterCIDR.String(),
-			"--conntrack-max-per-core", "0", "--conntrack-min", "0",
-			"--healthz-bind-address", "0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}
-		// It runs nft for every change of its rules (Debian's nftables, in /usr/sbin).
-		env = []string{"PATH=" + os.Getenv("PATH") + ":/usr/sbin:/sbin", "HOME=" + n.Dir}
-	case "prometheus":
-		// Started by the monitoring story, with the configuration it writes into PrometheusDir.
-		dir := n.PrometheusDir()
-		argv = []string{n.bin("prometheus"), "--config.file", filepath.Join(dir, "prometheus.yml"),
-			"--storage.tsdb.path", filepath.Join(dir, "data"), "--web.listen-address", PrometheusAddr,
-			"--log.level", "warn"}
-	default:
-		panic("e2e: unknown component " + name)
-	}
-	return argv, env
-}
-
-// PrometheusDir holds the Prometheus server's configuration, rules and data; PrometheusAddr is
-// where it listens, in the node's network namespace.
-func (n *Node) PrometheusDir() string { return filepath.Join(n.Dir, "prometheus") }
-
-const PrometheusAddr = "127.0.0.1:9090"
-
-// AuditLogPath is the API server's audit log: requests for pods, by whom (JSON lines).
-func (n *Node) AuditLogPath() string { return filepath.Join(n.Dir, "logs", "audit.jsonl") }
 
 // auditPolicy records who reads and writes pods, nothing else.
 const auditPolicy = `apiVersion: audit.k8s.io/v1
@@ -383,7 +275,7 @@ state = %[2]q
 [plugins.'io.containerd.grpc.v1.cri']
   disable_tcp_service = true
 `, filepath.Join(d, "root"), filepath.Join(d, "state"), n.containerdSocket(), filepath.Join(d, "ttrpc.sock"),
-		filepath.Join(d, "opt"), n.opts.PauseImage, n.bin("runc"), filepath.Join(d, "runc"),
+		filepath.Join(d, "opt"), n.opts.PauseImage, n.Bin("runc"), filepath.Join(d, "runc"),
 		n.CNIBinDir, n.CNIConfDir, n.registryHostsDir())
 }
 
@@ -417,9 +309,6 @@ shutdownGracePeriod: 0s
 serializeImagePulls: false
 clusterDNS: [%[9]q]
 clusterDomain: cluster.local
-`, n.containerdSocket(), n.cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
+`, n.containerdSocket(), n.Cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
 		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), dnsIP)
 }
-
-// insecureTLS is for health checks of components whose serving certificates are self-signed.
-func insecureTLS() *tls.Config { return &tls.Config{InsecureSkipVerify: true} }

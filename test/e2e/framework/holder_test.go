@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"os"
@@ -28,7 +28,7 @@ func TestIntegrationHolder(t *testing.T) {
 	}
 	h, err := startHolder(holderSpec{
 		RunDir: dir, Cgroup: cgroup, Sysctls: machineSysctls(),
-		Net: netSpec{Link: "node0", NodeIP: nodeIP},
+		Net: netSpec{Link: "node0", NodeIP: NodeIP},
 	}, filepath.Join(dir, "holder.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -59,8 +59,8 @@ func TestIntegrationHolder(t *testing.T) {
 	if _, err := os.Stat("/run/detour-e2e-holder-test"); !os.IsNotExist(err) {
 		t.Errorf("a file the node wrote in /run reached the host's /run (%v)", err)
 	}
-	if got := run("cat /proc/net/fib_trie"); !strings.Contains(got, nodeIP.String()) {
-		t.Errorf("the node's namespace has no %s:\n%s", nodeIP, got)
+	if got := run("cat /proc/net/fib_trie"); !strings.Contains(got, NodeIP.String()) {
+		t.Errorf("the node's namespace has no %s:\n%s", NodeIP, got)
 	}
 	if got := run("readlink /proc/self/ns/net"); got == mustReadlink(t, "/proc/self/ns/net")+"\n" {
 		t.Errorf("a process the holder started is in the host's network namespace %s", got)
@@ -85,7 +85,7 @@ func TestIntegrationHolder(t *testing.T) {
 	if err := syscall.Kill(orphan, 0); err == nil {
 		t.Errorf("process %d of the run still runs after the holder closed", orphan)
 	}
-	if pids := cgroupPIDs(cgroup); len(pids) != 0 {
+	if pids := CgroupPIDs(cgroup); len(pids) != 0 {
 		t.Errorf("cgroup %s still holds %v", cgroup, pids)
 	}
 }

@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"context"
@@ -33,7 +33,7 @@ func (n *Node) Reboot(ctx context.Context) (detail string, err error) {
 			return "", fmt.Errorf("stop %s: %w", c, err)
 		}
 	}
-	killed, err := killPods(n.cgroup)
+	killed, err := killPods(n.Cgroup)
 	if err != nil {
 		return "", err
 	}
@@ -41,7 +41,7 @@ func (n *Node) Reboot(ctx context.Context) (detail string, err error) {
 	runc := filepath.Join(n.Dir, "containerd", "runc")
 	volumes := filepath.Join(n.Dir, "kubelet", "pods")
 	// Only the node's own mounts are here: the holder detached the host's (mounts.go).
-	mounts, err := mountsUnder(n.holder.pid, state, runc, volumes, "/run")
+	mounts, err := MountsUnder(n.holder.pid, state, runc, volumes, "/run")
 	if err != nil {
 		return "", err
 	}
@@ -51,7 +51,7 @@ func (n *Node) Reboot(ctx context.Context) (detail string, err error) {
 			failed = append(failed, fmt.Sprintf("%s (%v)", m, strings.TrimSpace(err.Error())))
 		}
 	}
-	if left, err := mountsUnder(n.holder.pid, state, runc, volumes, "/run"); err != nil || len(left) > 0 {
+	if left, err := MountsUnder(n.holder.pid, state, runc, volumes, "/run"); err != nil || len(left) > 0 {
 		return "", fmt.Errorf("mounts left after unmounting %d: %v (%v; failed unmounts: %v)", len(mounts), left, err, failed)
 	}
 	runDir := filepath.Join(n.Dir, "root", "run")
@@ -80,9 +80,9 @@ func killPods(cgroup string) (int, error) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var victims []int
-		for _, pid := range cgroupPIDs(cgroup) {
-			cg := readFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-			cmd := strings.Split(readFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
+		for _, pid := range CgroupPIDs(cgroup) {
+			cg := ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+			cmd := strings.Split(ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)), "\x00")
 			// This node's only: a node that joined has its own subtree below the run's.
 			shim := filepath.Base(cmd[0]) == "containerd-shim-runc-v2" && strings.Contains(cg, "/"+cgroup+"/system")
 			if strings.Contains(cg, "/"+cgroup+"/kubepods") || shim {
@@ -101,10 +101,4 @@ func killPods(cgroup string) (int, error) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-}
-
-// readFile returns the content of p, or nothing.
-func readFile(p string) string {
-	data, _ := os.ReadFile(p)
-	return string(data)
 }

@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"context"
@@ -55,9 +55,9 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 		return nil, fmt.Errorf("join %s: the underlay %s has no address left", name, underlay)
 	}
 	n = &Node{
-		Name: name, IP: underlayAddr(index), PodSubnet: podRange(index),
+		Name: name, IP: UnderlayAddr(index), PodSubnet: podRange(index),
 		Dir: filepath.Join(cp.Dir, "nodes", name), BinDir: cp.BinDir, opts: opts,
-		cgroup: cp.cgroup + "/" + name, pids: map[string]int{}, cp: cp,
+		Cgroup: cp.Cgroup + "/" + name, pids: map[string]int{}, cp: cp,
 		Config: cp.Config, Client: cp.Client,
 	}
 	n.CNIConfDir = filepath.Join(n.Dir, "cni", "net.d")
@@ -73,14 +73,14 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if err := os.MkdirAll(n.Dir, 0o755); err != nil {
 		return n, err
 	}
-	if err := createCgroup(n.cgroup); err != nil {
+	if err := createCgroup(n.Cgroup); err != nil {
 		return n, err
 	}
 	if err := n.writeFiles(); err != nil {
 		return n, fmt.Errorf("write %s's files: %w", name, err)
 	}
 	n.holder, err = startHolder(holderSpec{
-		RunDir: n.Dir, Cgroup: n.cgroup, Sysctls: machineSysctls(),
+		RunDir: n.Dir, Cgroup: n.Cgroup, Sysctls: machineSysctls(),
 		// One chart for every node: the paths it names are the control-plane node's, and
 		// each node mounts its own directories over them.
 		Binds: []bindMount{
@@ -146,15 +146,15 @@ func (cp *Node) freeIndex() int {
 		used[n.IP] = true
 	}
 	for i := 1; i < 250; i++ {
-		if !used[underlayAddr(i)] {
+		if !used[UnderlayAddr(i)] {
 			return i
 		}
 	}
 	return -1
 }
 
-// underlayAddr is node i's address: the underlay's (i+1)th.
-func underlayAddr(i int) netip.Addr {
+// UnderlayAddr is node i's address: the underlay's (i+1)th.
+func UnderlayAddr(i int) netip.Addr {
 	b := underlay.Addr().As4()
 	b[3] += byte(i + 1)
 	return netip.AddrFrom4(b)

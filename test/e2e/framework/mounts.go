@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"errors"
@@ -12,13 +12,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// replacedDirs are the host directories the node gets scratch copies of (see setUpHolder):
+// ReplacedDirs are the host directories the node gets scratch copies of (see setUpHolder):
 // on a real node they belong to its runtime, its kubelet and its logs.
-var replacedDirs = []string{"/run", "/var/lib", "/var/log"}
+var ReplacedDirs = []string{"/run", "/var/lib", "/var/log"}
 
-// mountsUnder returns the mount points below any of dirs (not dirs themselves) in the mount
+// MountsUnder returns the mount points below any of dirs (not dirs themselves) in the mount
 // namespace of process pid, deepest first: a parent's lazy unmount takes its children along.
-func mountsUnder(pid int, dirs ...string) ([]string, error) {
+func MountsUnder(pid int, dirs ...string) ([]string, error) {
 	return mountPoints(pid, func(mp string) bool {
 		return slices.ContainsFunc(dirs, func(d string) bool { return below(mp, d) })
 	})

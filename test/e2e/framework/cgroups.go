@@ -1,4 +1,4 @@
-package e2e
+package framework
 
 import (
 	"bufio"
@@ -19,8 +19,8 @@ import (
 // an earlier one that crashed — is killing that cgroup's tree; removing it is removing the
 // directories, deepest first.
 
-// cgroupHierarchies returns the mount points of the cgroup hierarchies (v1 and v2).
-func cgroupHierarchies() ([]string, error) {
+// CgroupHierarchies returns the mount points of the cgroup hierarchies (v1 and v2).
+func CgroupHierarchies() ([]string, error) {
 	f, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -42,10 +42,10 @@ func cgroupHierarchies() ([]string, error) {
 	return dirs, sc.Err()
 }
 
-// trackingHierarchy is the hierarchy whose cgroup.procs list a run's processes: v1's pids
+// TrackingHierarchy is the hierarchy whose cgroup.procs list a run's processes: v1's pids
 // controller, or the v2 hierarchy.
-func trackingHierarchy() (string, error) {
-	dirs, err := cgroupHierarchies()
+func TrackingHierarchy() (string, error) {
+	dirs, err := CgroupHierarchies()
 	if err != nil {
 		return "", err
 	}
@@ -65,7 +65,7 @@ func trackingHierarchy() (string, error) {
 // createCgroup creates name in every hierarchy (the kubelet checks that its cgroupRoot
 // exists in each), with v1 cpuset's cpus and mems copied from the root so that tasks can join.
 func createCgroup(name string) error {
-	dirs, err := cgroupHierarchies()
+	dirs, err := CgroupHierarchies()
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func createCgroup(name string) error {
 
 // joinCgroup moves pid into name/system of the tracking hierarchy; its children follow.
 func joinCgroup(name string, pid int) error {
-	h, err := trackingHierarchy()
+	h, err := TrackingHierarchy()
 	if err != nil {
 		return err
 	}
@@ -102,9 +102,9 @@ func joinCgroup(name string, pid int) error {
 	return os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644)
 }
 
-// cgroupPIDs lists the processes in name's tree of the tracking hierarchy.
-func cgroupPIDs(name string) []int {
-	h, err := trackingHierarchy()
+// CgroupPIDs lists the processes in name's tree of the tracking hierarchy.
+func CgroupPIDs(name string) []int {
+	h, err := TrackingHierarchy()
 	if err != nil {
 		return nil
 	}
@@ -129,7 +129,7 @@ func cgroupPIDs(name string) []int {
 func killCgroup(name string, except int) error {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		pids := slices.DeleteFunc(cgroupPIDs(name), func(p int) bool { return p == except })
+		pids := slices.DeleteFunc(CgroupPIDs(name), func(p int) bool { return p == except })
 		if len(pids) == 0 {
 			return nil
 		}
@@ -146,7 +146,7 @@ func killCgroup(name string, except int) error {
 // removeCgroup removes name's tree from every hierarchy, deepest first. A cgroup empties a
 // moment after its last process is reaped, so it retries for a few seconds.
 func removeCgroup(name string) error {
-	dirs, err := cgroupHierarchies()
+	dirs, err := CgroupHierarchies()
 	if err != nil {
 		return err
 	}

@@ -56,11 +56,14 @@ conformance:
 test-binaries:
 	bash hack/test-binaries.sh
 
+# gofmt, go vet (with the e2e's build tags too), and the dependency direction: the product
+# never imports the test tree (hack/check-deps.sh).
 lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
 	go vet -tags conformance,cluster ./test/e2e/...
+	bash hack/check-deps.sh
 
 # A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS;
 # FUZZMINIMIZETIME per new input: empty means Go's 60s; FUZZMATCH selects "package target"s),

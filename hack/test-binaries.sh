@@ -191,7 +191,7 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	# The cluster's DNS (test/e2e): CoreDNS with the plugins hack/tools/coredns/main.go names.
 	build coredns "$coredns" coredns . "-X github.com/coredns/coredns/coremain.GitCommit=$coredns"
 	if [ "${DETOUR_BINARIES:-all}" = cluster ]; then
-		# Flannel, the primary CNI of the flannel cluster (test/e2e/flannel.go, make
+		# Flannel, the primary CNI of the flannel cluster (test/e2e/framework/flannel.go, make
 		# e2e-cluster): flanneld, whose udp backend needs cgo (static, so that it runs on any
 		# userland), and its CNI plugin, from containernetworking/plugins v0.9.1, where it lived
 		# before it moved to flannel-io/cni-plugin (a module the proxy here refuses).

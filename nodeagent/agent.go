@@ -30,6 +30,10 @@ type Agent struct {
 	// nodeUnconfirmed: the watch said the Node object is deleted, and the read that confirms it
 	// failed; the next reconcile reads again (Run only). The watch will not say it twice.
 	nodeUnconfirmed bool
+	// nodeChanged: the Node object changed in what the agent's marks depend on (the kubelet's or
+	// runtime's version, a new object under the same name, the marks themselves); the next
+	// reconcile marks the node again (Run only).
+	nodeChanged bool
 	// beforeReplace runs right before the agent replaces the primary's file (tests race it).
 	beforeReplace func()
 	// owner is the agent's DaemonSet, when WithOwnPod names the agent's pod.

@@ -4,12 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/detourmesh/detour/annotations"
 )
 
 // A node whose Node object is deleted is leaving the cluster (a node pool scaling in, an admin's
@@ -20,26 +26,41 @@ import (
 // machine), when it installs detour again like a new node. Pods still running keep the rules
 // they were given; only a sandbox created in between goes without, and its validator catches it.
 
-// watchNode follows the agent's own Node object (a watch on that one name) and sends whether it
-// exists on every change: false when it is deleted, true when it is created (also the first
-// list's). Only the latest state waits in the channel.
-func (a *Agent) watchNode(ctx context.Context) <-chan bool {
-	ch := make(chan bool, 1)
+// nodeEvent is a change of the agent's Node object: whether it exists, and whether it changed in
+// something the agent's marks on it depend on (see markDependsOn).
+type nodeEvent struct{ exists, changed bool }
+
+// watchNode follows the agent's own Node object (a watch on that one name) and sends an event
+// when it is created (also the first list's), deleted, or updated in something the agent's marks
+// depend on: its kubelet or runtime upgraded or downgraded in place, the object replaced by a new
+// one of the same name (a deletion the watch saw as an update, when it re-listed), or the marks
+// taken off by someone. Only the latest event waits in the channel, merged with the one it
+// replaces, so a pending change is never lost.
+func (a *Agent) watchNode(ctx context.Context) <-chan nodeEvent {
+	ch := make(chan nodeEvent, 1)
 	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.node.name).String()
 	}))
-	send := func(exists bool) {
+	send := func(ev nodeEvent) {
 		// The informer calls its handlers one at a time: nothing else sends in between.
 		select {
-		case <-ch:
+		case old := <-ch:
+			ev.changed = ev.changed || old.changed
 		default:
 		}
-		ch <- exists
+		ch <- ev
 	}
 	inf := factory.Core().V1().Nodes().Informer()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { send(true) },
-		DeleteFunc: func(any) { send(false) },
+		AddFunc: func(any) { send(nodeEvent{exists: true, changed: true}) },
+		UpdateFunc: func(old, cur any) {
+			if o, ok := old.(*corev1.Node); ok {
+				if n, ok := cur.(*corev1.Node); ok && markDependsOn(o) != markDependsOn(n) {
+					send(nodeEvent{exists: true, changed: true})
+				}
+			}
+		},
+		DeleteFunc: func(any) { send(nodeEvent{exists: false}) },
 	}); err != nil {
 		a.log.Warn("cannot follow the node's Node object; detour stays on the node if it is deleted", "node", a.node.name, "err", err)
 		return nil
@@ -48,15 +69,29 @@ func (a *Agent) watchNode(ctx context.Context) <-chan bool {
 	return ch
 }
 
+// markDependsOn is what of a Node the agent's marks on it depend on (markReady): the object's
+// identity, the kubelet's and runtime's versions (the image-volume label), the boot, and the
+// marks themselves.
+func markDependsOn(n *corev1.Node) string {
+	_, imageVolumes := n.Labels[annotations.ImageVolumesLabel]
+	return strings.Join([]string{string(n.UID), n.Status.NodeInfo.KubeletVersion, n.Status.NodeInfo.ContainerRuntimeVersion,
+		n.Status.NodeInfo.BootID, n.Labels[annotations.CNIReadyLabel], strconv.FormatBool(imageVolumes),
+		n.Annotations[annotations.CNIReadyBootAnnotation]}, "\x00")
+}
+
 // followNode acts on the Node object's change: deleted (confirmed by a read: a watch's last word
 // can be stale; a read that fails is tried again at the next reconcile), it removes detour from
-// the node's disk; created again, it lets the reconcile install it. It reports whether the
-// reconcile should run now.
-func (a *Agent) followNode(ctx context.Context, exists bool) bool {
+// the node's disk; created again, it lets the reconcile install it; changed in what the marks
+// depend on, it lets the reconcile mark it again. It reports whether the reconcile should run
+// now.
+func (a *Agent) followNode(ctx context.Context, ev nodeEvent) bool {
 	a.nodeUnconfirmed = false
-	if exists {
+	if ev.exists {
+		if ev.changed {
+			a.nodeChanged = true
+		}
 		if !a.nodeGone {
-			return false
+			return ev.changed
 		}
 		a.nodeGone = false
 		a.log.Info("the node registered again: installing detour on it", "node", a.node.name)

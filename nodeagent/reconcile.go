@@ -44,9 +44,12 @@ func (a *Agent) reconcile(ctx context.Context) (Status, error) {
 	prev := a.Status()
 	switch {
 	case err == nil && s.ConfigInPlace:
-		// The node is read and patched when the config comes into place, not on every
-		// resync: a GET per node every few seconds would add up on a large cluster.
-		if !prev.NodeReady {
+		// The node is read and patched when the config comes into place, and when the Node
+		// changed in what the marks depend on (its kubelet or runtime replaced in place, the
+		// object registered again), not on every resync: a GET per node every few seconds
+		// would add up on a large cluster.
+		if !prev.NodeReady || a.nodeChanged {
+			a.nodeChanged = false
 			patched, err := a.node.markReady(ctx)
 			if err != nil {
 				return s, withReason(ReasonNodeAPI, fmt.Errorf("mark node %s ready: %w", a.node.name, err))

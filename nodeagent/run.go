@@ -49,13 +49,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	token := time.NewTimer(time.Hour)
 	token.Stop()
 	defer token.Stop()
-	var nodeEvents <-chan bool
+	var nodeEvents <-chan nodeEvent
 	if a.node != nil {
 		nodeEvents = a.watchNode(ctx)
 	}
 	reconcile := func() {
 		if a.nodeUnconfirmed {
-			a.followNode(ctx, false)
+			a.followNode(ctx, nodeEvent{exists: false})
 		}
 		if a.nodeGone {
 			a.removeFromDeletedNode()
@@ -108,8 +108,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-resync.C:
 			watch()
 			reconcile()
-		case exists := <-nodeEvents:
-			if a.followNode(ctx, exists) {
+		case ev := <-nodeEvents:
+			if a.followNode(ctx, ev) {
 				reconcile()
 			}
 		}

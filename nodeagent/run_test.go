@@ -1,6 +1,7 @@
 package nodeagent_test
 
 import (
+	"context"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -20,11 +21,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/nodeagent"
 )
 
@@ -186,5 +189,59 @@ func TestRunRemovesDetourWhenTheDeletionIsConfirmedLate(t *testing.T) {
 		_, err := os.Stat(filepath.Join(e.binDir, "detour-cni"))
 		return ok && strings.Contains(reason, "Node object is deleted") && errors.Is(err, os.ErrNotExist) &&
 			!slices.Contains(pluginTypes(t, readFile(t, primary)), "detour-cni")
+	})
+}
+
+// Issue 34, defects 1 and 2: the agent follows its Node's updates, not only its readiness. A
+// kubelet upgraded in place (no reboot) to one that mounts image volumes gets
+// detour.dev/image-volumes=true; downgraded, the label comes off; a Node deleted and registered
+// again that the watch sees as an update (a new object of the same name, without the marks)
+// gets its labels back — all without the agent restarting.
+func TestRunFollowsTheNodesUpdates(t *testing.T) {
+	e := newEnv(t)
+	writeFile(t, filepath.Join(e.confDir, "10-calico.conflist"), calico)
+	node := func(uid, kubelet string, labels map[string]string) *corev1.Node {
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", UID: types.UID(uid), Labels: labels},
+			Status: corev1.NodeStatus{NodeInfo: corev1.NodeSystemInfo{KubeletVersion: kubelet, ContainerRuntimeVersion: "containerd://2.4.2"}}}
+	}
+	client := fake.NewClientset(node("uid-1", "v1.34.4", nil))
+	nodes := client.CoreV1().Nodes()
+	labels := func() map[string]string {
+		n, err := nodes.Get(context.Background(), "node-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n.Labels
+	}
+	update := func(change func(*corev1.Node)) {
+		n, err := nodes.Get(context.Background(), "node-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(n)
+		if _, err := nodes.Update(context.Background(), n, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.flags.NodeName = "node-1"
+	a := e.agent(t, nodeagent.WithNodeClient(client))
+	stop := run(t, a)
+	defer stop()
+	eventually(t, "the node marked ready, without image volumes (kubelet 1.34)", func() bool {
+		l := labels()
+		_, iv := l[annotations.ImageVolumesLabel]
+		return l[annotations.CNIReadyLabel] == "true" && !iv
+	})
+	update(func(n *corev1.Node) { n.Status.NodeInfo.KubeletVersion = "v1.35.4" })
+	eventually(t, "the kubelet upgraded in place: the image-volumes label", func() bool { return labels()[annotations.ImageVolumesLabel] == "true" })
+	update(func(n *corev1.Node) { n.Status.NodeInfo.KubeletVersion = "v1.34.4" })
+	eventually(t, "the kubelet downgraded: the label off", func() bool { _, iv := labels()[annotations.ImageVolumesLabel]; return !iv })
+	update(func(n *corev1.Node) {
+		n.Status.NodeInfo.KubeletVersion = "v1.37.2"
+		n.UID, n.Labels, n.Annotations = "uid-2", nil, nil // registered again, seen as an update
+	})
+	eventually(t, "the node registered again: both labels back", func() bool {
+		l := labels()
+		return l[annotations.CNIReadyLabel] == "true" && l[annotations.ImageVolumesLabel] == "true"
 	})
 }

@@ -25,6 +25,10 @@ const (
 	// socket of the pod listens on the destination) or "all" (every one, for proxies that
 	// serve ports with no app behind them).
 	InboundCapture = Prefix + "inbound-capture"
+	// ProxyStartGate overrides what holds the pod's next containers until the proxy has
+	// started: "auto" (the webhook's configuration), "probe" (the proxy's startup probe) or
+	// "hook" (a postStart hook of detour's binary that waits for the proxy's port).
+	ProxyStartGate = Prefix + "proxy-start-gate"
 )
 
 // Keys written by the webhook only. The webhook recomputes them on every admission and
@@ -84,7 +88,7 @@ var WebhookKeys = []string{
 const RecreateRequired = Prefix + "recreate-required"
 
 // userKeys are the keys users write, in the order of docs/annotations.md.
-var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode, InboundCapture}
+var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode, InboundCapture, ProxyStartGate}
 
 // MaxListItems bounds every list-valued annotation, so a pod cannot make the plugin build an
 // arbitrarily large ruleset.

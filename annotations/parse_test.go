@@ -158,6 +158,12 @@ func TestParseModes(t *testing.T) {
 	if _, err := ParseSidecarMode("sidecar"); err == nil || !strings.Contains(err.Error(), SidecarMode) {
 		t.Errorf("ParseSidecarMode(sidecar) error = %v", err)
 	}
+	if m, err := ParseStartGate(" hook "); err != nil || m != StartGateHook {
+		t.Errorf("ParseStartGate(hook) = %q, %v", m, err)
+	}
+	if _, err := ParseStartGate("postStart"); err == nil || !strings.Contains(err.Error(), ProxyStartGate) || !strings.Contains(err.Error(), `use "auto", "probe" or "hook"`) {
+		t.Errorf("ParseStartGate(postStart) error = %v", err)
+	}
 }
 
 func sampleRedirect() Redirect {

@@ -63,6 +63,31 @@ func ParseValidatorMode(value string) (ValidatorModeValue, error) {
 	return "", errorf(ValidatorMode, value, "use \"auto\", \"init-container\" or \"image-volume\"")
 }
 
+// StartGateValue is what holds a pod's next containers until its proxy (a native sidecar) has
+// started: the value of [ProxyStartGate] and the webhook configuration's proxy.startGate.
+type StartGateValue string
+
+const (
+	// StartGateAuto: the webhook's decision (its configuration's proxy.startGate).
+	StartGateAuto StartGateValue = "auto"
+	// StartGateProbe: the proxy's startup probe; the kubelet starts the next container once a
+	// probe tick has seen the proxy listen.
+	StartGateProbe StartGateValue = "probe"
+	// StartGateHook: a postStart exec hook of detour's binary (from the image volume of the
+	// check at the proxy's start) that waits for what the startup probe would probe; the pod's
+	// proxy has no startup probe.
+	StartGateHook StartGateValue = "hook"
+)
+
+// ParseStartGate parses the value of [ProxyStartGate].
+func ParseStartGate(value string) (StartGateValue, error) {
+	switch m := StartGateValue(strings.TrimSpace(value)); m {
+	case StartGateAuto, StartGateProbe, StartGateHook:
+		return m, nil
+	}
+	return "", errorf(ProxyStartGate, value, "use \"auto\", \"probe\" or \"hook\"")
+}
+
 // InboundCaptureValue is the value of [InboundCapture] and [RedirectInbound], and the webhook
 // configuration's inboundCapture.
 type InboundCaptureValue string

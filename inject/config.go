@@ -115,6 +115,10 @@ type Proxy struct {
 	// configuration says otherwise), so that it passes the restricted Pod Security Standard
 	// whatever the pod sets.
 	SeccompProfile corev1.SeccompProfile
+	// StartGate is what holds a pod's next containers until the proxy (a native sidecar whose
+	// check runs at its start) has started: its startup probe, or a postStart hook of detour's
+	// binary that asks the same; auto decides per pod ([Config.startGate]).
+	StartGate annotations.StartGateValue
 }
 
 // Validator is the template of the injected validator init container.
@@ -201,6 +205,8 @@ type ProxyFile struct {
 	StartupProbe    *corev1.Probe                `json:"startupProbe,omitempty"`
 	// SeccompProfile: unset means {type: RuntimeDefault}.
 	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
+	// StartGate: "auto" (the default), "probe" or "hook".
+	StartGate string `json:"startGate,omitempty"`
 }
 
 // ValidatorFile is the validator section of [File].
@@ -320,6 +326,7 @@ func (f *File) complete() (*Config, error) {
 	c := &Config{}
 	f.completeProxy(c, check)
 	f.completeValidator(c, check)
+	f.completeStartGate(c, check)
 	f.completeInitEgress(c, check)
 	f.completeGIDRange(c, check)
 	f.completePolicies(c, check)
@@ -466,6 +473,42 @@ func (f *File) completeValidator(c *Config, check func(error)) {
 	default:
 		check(invalid("validator.mode", strconv.Quote(v.Mode), "use \"auto\", \"init-container\" or \"image-volume\""))
 	}
+}
+
+// completeStartGate fills in the proxy's start gate (after the validator: the hook needs the
+// check at the proxy's start, whose image volume holds detour's binary).
+func (f *File) completeStartGate(c *Config, check func(error)) {
+	switch g := annotations.StartGateValue(f.Proxy.StartGate); g {
+	case "":
+		c.Proxy.StartGate = annotations.StartGateAuto
+	case annotations.StartGateAuto, annotations.StartGateProbe:
+		c.Proxy.StartGate = g
+	case annotations.StartGateHook:
+		c.Proxy.StartGate = g
+		switch {
+		case c.Validator.Mode == annotations.ValidatorInitContainer:
+			check(invalid("proxy.startGate", strconv.Quote(f.Proxy.StartGate), "the hook runs detour's binary from the image volume of the check at the proxy's start, which validator.mode init-container rules out: set validator.mode to auto or image-volume, or use \"probe\" or \"auto\""))
+		case c.Validator.Mode == annotations.ValidatorImageVolume && c.foldBlocker() != "":
+			// validator.mode's error says it already.
+		case c.hookBlocker() != "":
+			check(invalid("proxy.startGate", strconv.Quote(f.Proxy.StartGate), "%s; or use \"probe\" or \"auto\"", c.hookBlocker()))
+		}
+	default:
+		check(invalid("proxy.startGate", strconv.Quote(f.Proxy.StartGate), "use \"auto\", \"probe\" (the proxy's startup probe holds the pod's next containers) or \"hook\" (a postStart hook of detour's binary that asks what the startup probe would)"))
+	}
+}
+
+// hookBlocker says why the start gate cannot be the postStart hook with this configuration, or
+// "" when it can: the hook asks what the startup probe would (a TCP connection, or an HTTP GET)
+// and needs the check at the proxy's start, whose image volume holds detour's binary.
+func (c *Config) hookBlocker() string {
+	if why := c.foldBlocker(); why != "" {
+		return why
+	}
+	if c.Proxy.StartupProbe.GRPC != nil {
+		return "proxy.startupProbe is a grpc probe, which the start gate's hook does not ask (it asks tcpSocket and httpGet probes)"
+	}
+	return ""
 }
 
 // foldBlocker says why the validator's check cannot run in the proxy's start with this

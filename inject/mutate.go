@@ -97,6 +97,10 @@ type Result struct {
 	Mode annotations.SidecarModeValue
 	// Validator is where the validator's check runs in an injected pod.
 	Validator annotations.ValidatorModeValue
+	// StartGate is what holds the pod's next containers until its proxy (a native sidecar) has
+	// started: its startup probe or detour's postStart hook; "" when nothing does (a regular
+	// container, or a proxy without a startup probe).
+	StartGate annotations.StartGateValue
 	Decisions []Decision
 	// Warnings are for the person who applies the pod (admission warnings, stderr in the CLI).
 	Warnings []string
@@ -256,12 +260,19 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		res.Warnings = append(res.Warnings, err.Error())
 	}
 	pod.Annotations[annotations.Validator] = string(res.Validator)
+	res.StartGate, err = startGate(res, cfg, s)
+	if err != nil {
+		res.Warnings = append(res.Warnings, err.Error())
+	}
 
 	proxy := proxyContainer(cfg)
 	switch {
 	case res.Validator == annotations.ValidatorImageVolume:
 		// The check runs in the proxy's own start: no validator container.
 		foldValidator(pod, &proxy, cfg)
+		if res.StartGate == annotations.StartGateHook {
+			hookGate(&proxy, cfg)
+		}
 		if w := checkPortWarning(pod, cfg); w != "" {
 			res.Warnings = append(res.Warnings, w)
 		}
@@ -490,6 +501,9 @@ type settings struct {
 	validatorMode     annotations.ValidatorModeValue
 	validatorModeFrom string
 	inboundCapture    annotations.InboundCaptureValue
+	// startGate is the pod's (or namespace's) detour.dev/proxy-start-gate, if any.
+	startGate     annotations.StartGateValue
+	startGateFrom string
 }
 
 func (u userSettings) parse(cfg *Config) (settings, error) {
@@ -536,6 +550,12 @@ func (u userSettings) parse(cfg *Config) (settings, error) {
 		if s.inboundCapture, err = annotations.ParseInboundCapture(annotations.InboundCapture, v); err != nil {
 			return s, u.wrapError(annotations.InboundCapture, err)
 		}
+	}
+	if v, from, ok := u.lookup(annotations.ProxyStartGate); ok {
+		if s.startGate, err = annotations.ParseStartGate(v); err != nil {
+			return s, u.wrapError(annotations.ProxyStartGate, err)
+		}
+		s.startGateFrom = from
 	}
 	return s, nil
 }

@@ -23,6 +23,7 @@ type injectFlags struct {
 	initEgress     string
 	sidecarMode    string
 	validatorMode  string
+	startGate      string
 	conflictPolicy string
 	gidRange       string
 }
@@ -59,6 +60,9 @@ func (f *injectFlags) overrides(cmd *cobra.Command) (func(*inject.File), error) 
 		if changed("validator-mode") {
 			c.Validator.Mode = f.validatorMode
 		}
+		if changed("start-gate") {
+			c.Proxy.StartGate = f.startGate
+		}
 		if changed("conflict-policy") {
 			c.ConflictPolicy = f.conflictPolicy
 		}
@@ -93,6 +97,7 @@ func (f *injectFlags) register(cmd *cobra.Command) {
 	fl.StringVar(&f.initEgress, "init-egress", "*", `initEgress: init containers that keep direct egress: "*", "none" or names`)
 	fl.StringVar(&f.sidecarMode, "sidecar-mode", "auto", `sidecarMode: "auto", "container" or "native"`)
 	fl.StringVar(&f.validatorMode, "validator-mode", "auto", `validator.mode: "auto", "init-container" or "image-volume" (the check in the proxy's start)`)
+	fl.StringVar(&f.startGate, "start-gate", "auto", `proxy.startGate: "auto", "probe" (the proxy's startup probe holds the pod's next containers) or "hook" (detour's postStart hook, where the check runs in the proxy's start)`)
 	fl.StringVar(&f.conflictPolicy, "conflict-policy", "warn", `conflictPolicy: "warn" or "deny" when an init container cannot keep egress`)
 	fl.StringVar(&f.gidRange, "gid-range", fmt.Sprintf("%d-%d", inject.DefaultGIDFirst, inject.DefaultGIDLast), "gidRange: reserved range of dedicated GIDs, first-last")
 }

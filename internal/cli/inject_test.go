@@ -71,6 +71,9 @@ func TestInjectGolden(t *testing.T) {
 		{"pod-basic.yaml", true, "image-volume"},
 		{"job-native.yaml", true, "image-volume"},
 		{"list.yaml", true, "image-volume"},
+		// The start gate as detour's postStart hook: the startup probe goes (issue 36).
+		{"pod-basic.yaml", true, "hook"},
+		{"job-native.yaml", true, "hook"},
 	} {
 		name := strings.TrimSuffix(tc.file, ".yaml")
 		if tc.config != "" {

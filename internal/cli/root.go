@@ -28,7 +28,7 @@ func NewRoot() *cobra.Command {
 	root.AddCommand(
 		// Each component adds its command here.
 		newValidateCommand(), newInstallCNICommand(), newRepairCommand(),
-		newWebhookCommand(), newInjectCommand(), newRulesCommand(), newCheckCommand(),
+		newWebhookCommand(), newInjectCommand(), newRulesCommand(), newCheckCommand(), newWaitProxyCommand(),
 	)
 	return root
 }

@@ -1,0 +1,174 @@
+package validator
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestParseTarget(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want Target
+		err  string
+	}{
+		{in: "tcp://:4191", want: Target{Scheme: "tcp", Port: 4191}},
+		{in: "http://:4191/ready", want: Target{Scheme: "http", Port: 4191, Path: "/ready"}},
+		{in: "https://:15021/healthz/ready?full=1", want: Target{Scheme: "https", Port: 15021, Path: "/healthz/ready?full=1"}},
+		{in: "http://:8080", want: Target{Scheme: "http", Port: 8080, Path: "/"}},
+		{in: "tcp://10.0.0.1:4191", err: "no host"},
+		{in: "tcp://:0", err: "from 1 to 65535"},
+		{in: "tcp://:70000", err: "from 1 to 65535"},
+		{in: "tcp://:4191/x", err: "a tcp probe has no path"},
+		{in: "grpc://:4191", err: "the scheme must be tcp, http or https"},
+		{in: "4191", err: "write it as tcp://:PORT"},
+	} {
+		got, err := ParseTarget(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseTarget(%q) error = %v, want one saying %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got.Scheme != tc.want.Scheme || got.Port != tc.want.Port || got.Path != tc.want.Path {
+			t.Errorf("ParseTarget(%q) = %+v, %v; want %+v", tc.in, got, err, tc.want)
+			continue
+		}
+		if again, err := ParseTarget(got.String()); err != nil || again.String() != got.String() {
+			t.Errorf("ParseTarget(%q).String() = %q does not parse back (%v)", tc.in, got.String(), err)
+		}
+	}
+}
+
+// loopback makes the waiter ask 127.0.0.1 only.
+func loopback() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil }
+
+// freePort returns a loopback port nothing listens on.
+func freePort(t *testing.T) uint16 {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func TestWaitTCPReturnsOnceTheProxyListens(t *testing.T) {
+	port := freePort(t)
+	listening := make(chan time.Time, 1)
+	go func() {
+		time.Sleep(150 * time.Millisecond)
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), port).String())
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		listening <- time.Now()
+		t.Cleanup(func() { ln.Close() })
+	}()
+	w := NewWaiter(WaitConfig{Target: Target{Scheme: "tcp", Port: port}, Timeout: 10 * time.Second, AttemptTimeout: time.Second}, WithAddrs(loopback))
+	res, err := w.Wait(context.Background())
+	done := time.Now()
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	at := <-listening
+	if lag := done.Sub(at); lag > 200*time.Millisecond {
+		t.Errorf("Wait returned %s after the proxy listened; its pauses are at most 25 ms", lag)
+	}
+	if res.Attempts < 2 || res.Addr.Port() != port || !strings.Contains(res.String(), "answered after") {
+		t.Errorf("result %+v (%s): want several attempts on port %d", res, res, port)
+	}
+}
+
+func TestWaitHTTPNeedsASuccessfulAnswerWithTheHeaders(t *testing.T) {
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/ready" || r.Header.Get("X-Probe") != "start" {
+			http.Error(w, "wrong request "+r.URL.String(), http.StatusNotFound)
+			return
+		}
+		if calls.Add(1) < 3 {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	defer srv.Close()
+	port := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	target := Target{Scheme: "http", Port: port, Path: "/ready", Header: http.Header{"X-Probe": {"start"}}}
+	res, err := NewWaiter(WaitConfig{Target: target, Timeout: 10 * time.Second, AttemptTimeout: time.Second}, WithAddrs(loopback)).Wait(context.Background())
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if calls.Load() != 3 || res.Attempts != 3 {
+		t.Errorf("the gate passed after %d GETs (%d attempts); want the third, the first answered 2xx", calls.Load(), res.Attempts)
+	}
+}
+
+func TestWaitFailsWhenTheProxyNeverAnswers(t *testing.T) {
+	port := freePort(t)
+	w := NewWaiter(WaitConfig{Target: Target{Scheme: "tcp", Port: port}, Timeout: 300 * time.Millisecond, AttemptTimeout: 100 * time.Millisecond}, WithAddrs(loopback))
+	start := time.Now()
+	_, err := w.Wait(context.Background())
+	if err == nil {
+		t.Fatal("Wait passed with nothing listening")
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("Wait took %s; its bound is 300ms", took)
+	}
+	for _, want := range []string{fmt.Sprintf("tcp://:%d", port), "127.0.0.1", "within 300ms", "refused", "its log says why", "starts it again"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+
+	// An HTTP answer outside 200–399 does not pass either, and the error says what it was.
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "no", http.StatusInternalServerError)
+	}))
+	defer srv.Close()
+	hp := netip.MustParseAddrPort(srv.Listener.Addr().String()).Port()
+	_, err = NewWaiter(WaitConfig{Target: Target{Scheme: "http", Port: hp, Path: "/"}, Timeout: 200 * time.Millisecond, AttemptTimeout: 100 * time.Millisecond}, WithAddrs(loopback)).Wait(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "500") {
+		t.Errorf("Wait against an HTTP 500: %v, want an error naming the status", err)
+	}
+}
+
+func TestWaitStopsWhenCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(100*time.Millisecond, cancel)
+	_, err := NewWaiter(WaitConfig{Target: Target{Scheme: "tcp", Port: freePort(t)}, Timeout: time.Minute, AttemptTimeout: time.Second}, WithAddrs(loopback)).Wait(ctx)
+	if err == nil || !strings.Contains(err.Error(), "stopped waiting") {
+		t.Errorf("Wait cancelled: %v", err)
+	}
+}
+
+func TestPodAddrsPutsIPv4First(t *testing.T) {
+	addrs, err := PodAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(addrs) == 0 {
+		t.Fatal("no address at all: want loopback at least")
+	}
+	seen6 := false
+	for _, a := range addrs {
+		if a.Is6() {
+			seen6 = true
+		} else if seen6 {
+			t.Errorf("addresses %v: an IPv4 address after an IPv6 one", addrs)
+		}
+		if a.IsLinkLocalUnicast() {
+			t.Errorf("addresses %v hold a link-local one, which the kubelet never probes", addrs)
+		}
+	}
+}

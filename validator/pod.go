@@ -1,9 +1,11 @@
 package validator
 
 import (
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/annotations"
 )
@@ -31,13 +33,17 @@ const StartedMarker = "detour validate: starting "
 // has started (its status says Started: its startup probe passed, which only the proxy the
 // check execs after passing can make happen) has passed its check, whatever its last
 // termination says: a check that failed once and then passed in a new sandbox is no failure.
+// Where detour's postStart hook is the proxy's start gate (no startup probe), Started proves
+// nothing — the kubelet reports a container without a startup probe started as soon as it
+// runs — and the pod's next container started since the proxy's run began proves it instead
+// ([proxyPassed]).
 func LastFailure(pod *corev1.Pod) (code int32, running, failed bool) {
 	name := CheckContainer(pod)
-	for _, s := range pod.Status.InitContainerStatuses {
+	for i, s := range pod.Status.InitContainerStatuses {
 		if s.Name != name {
 			continue
 		}
-		if name == annotations.ProxyContainer && s.Started != nil && *s.Started {
+		if name == annotations.ProxyContainer && proxyPassed(pod, i) {
 			return 0, s.State.Running != nil, false
 		}
 		t := s.State.Terminated
@@ -60,4 +66,47 @@ func CheckFailed(container string, t *corev1.ContainerStateTerminated) bool {
 		return false
 	}
 	return container != annotations.ProxyContainer || !strings.Contains(t.Message, StartedMarker) && strings.Contains(t.Message, "detour: ")
+}
+
+// ProxyPassed reports whether the check at the start of pod's proxy passed in the proxy's
+// current run ([proxyPassed]); false where the check runs in the validator init container.
+func ProxyPassed(pod *corev1.Pod) bool {
+	if CheckContainer(pod) != annotations.ProxyContainer {
+		return false
+	}
+	i := slices.IndexFunc(pod.Status.InitContainerStatuses, func(s corev1.ContainerStatus) bool { return s.Name == annotations.ProxyContainer })
+	return i >= 0 && proxyPassed(pod, i)
+}
+
+// proxyPassed reports whether the proxy, the init container whose status is the i-th, has passed
+// the check of its current run. Its status must say Started; with a startup probe (or a proxy
+// the pod's spec does not show) that is proof enough: only the proxy the check execs answers
+// the probe. Without one — detour's postStart hook is the start gate — the kubelet starts the
+// pod's next container only once the hook passed, so the proof is a container after the proxy
+// that started (API times have whole seconds: at the same second or later) since the proxy's
+// current run began.
+func proxyPassed(pod *corev1.Pod, i int) bool {
+	s := pod.Status.InitContainerStatuses[i]
+	if s.Started == nil || !*s.Started {
+		return false
+	}
+	j := slices.IndexFunc(pod.Spec.InitContainers, func(c corev1.Container) bool { return c.Name == s.Name })
+	if j < 0 || pod.Spec.InitContainers[j].StartupProbe != nil {
+		return true
+	}
+	if s.State.Running == nil {
+		return false
+	}
+	since := s.State.Running.StartedAt
+	later := slices.Concat(pod.Status.InitContainerStatuses[i+1:], pod.Status.ContainerStatuses)
+	return slices.ContainsFunc(later, func(c corev1.ContainerStatus) bool {
+		var at metav1.Time
+		switch {
+		case c.State.Running != nil:
+			at = c.State.Running.StartedAt
+		case c.State.Terminated != nil:
+			at = c.State.Terminated.StartedAt
+		}
+		return !at.IsZero() && !at.Before(&since)
+	})
 }

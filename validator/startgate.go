@@ -142,8 +142,12 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 	for attempts := 1; ; attempts++ {
 		for _, a := range addrs {
 			to := netip.AddrPortFrom(a, w.cfg.Target.Port)
-			if last = w.attempt(ctx, to); last == nil {
+			err := w.attempt(ctx, to)
+			if err == nil {
 				return WaitResult{Addr: to, Attempts: attempts, Elapsed: time.Since(start)}, nil
+			}
+			if ctx.Err() == nil || last == nil {
+				last = err // not the end of the wait cutting an attempt short
 			}
 		}
 		pause := w.backoff[min(attempts-1, len(w.backoff)-1)]

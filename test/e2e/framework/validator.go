@@ -15,7 +15,8 @@ import (
 // CheckExit is the outcome of p's validator check wherever it runs: 0 once it passed, the exit
 // code of its last failed run, or -1 while no run has ended. In the detour-validator init
 // container that is the container's last termination; at the proxy's start, the check passed
-// when the proxy started (its startup probe passed), and failed as validator.LastFailure says.
+// as validator.ProxyPassed says (its startup probe passed, or, with detour's postStart hook as
+// the start gate, the pod's next container started), and failed as validator.LastFailure says.
 func CheckExit(p *corev1.Pod) int {
 	if validator.CheckContainer(p) == annotations.ValidatorContainer {
 		return InitExit(p, annotations.ValidatorContainer)
@@ -24,10 +25,8 @@ func CheckExit(p *corev1.Pod) int {
 	if failed && !running {
 		return int(code)
 	}
-	for _, s := range p.Status.InitContainerStatuses {
-		if s.Name == annotations.ProxyContainer && s.Started != nil && *s.Started {
-			return 0
-		}
+	if validator.ProxyPassed(p) {
+		return 0
 	}
 	if failed { // a new run under way after a failed one
 		return int(code)

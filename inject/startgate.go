@@ -70,7 +70,8 @@ func hookGate(proxy *corev1.Container, cfg *Config) {
 // WaitProxyCommand is the start gate's hook for cfg: `detour wait-proxy` from the image volume,
 // asking the startup probe's question (its port resolved to a number) within its budget —
 // initialDelaySeconds + periodSeconds × failureThreshold, after which the kubelet would have
-// restarted the proxy — each attempt within its timeoutSeconds. cfg's startup probe must be a
+// restarted the proxy — each attempt within its timeoutSeconds, and joining the check on the
+// check port. cfg's startup probe must be a
 // tcpSocket or httpGet probe ([Config.hookBlocker]).
 func WaitProxyCommand(cfg *Config) []string {
 	p := cfg.Proxy.StartupProbe
@@ -92,7 +93,7 @@ func WaitProxyCommand(cfg *Config) []string {
 	}
 	cmd := []string{ValidatorBinary, "wait-proxy", "--probe=" + target}
 	cmd = append(cmd, headers...)
-	return append(cmd, fmt.Sprintf("--timeout=%ds", budget), fmt.Sprintf("--attempt-timeout=%ds", p.TimeoutSeconds))
+	return append(cmd, fmt.Sprintf("--timeout=%ds", budget), fmt.Sprintf("--attempt-timeout=%ds", p.TimeoutSeconds), fmt.Sprintf("--check-port=%d", cfg.Validator.CheckPort))
 }
 
 // portNumber resolves a probe's port: a number, or the name of one of the proxy's admin ports

@@ -75,7 +75,7 @@ func TestMutateHookGate(t *testing.T) {
 	if p.Name != annotations.ProxyContainer || p.StartupProbe != nil {
 		t.Fatalf("first init container %q, startup probe %+v: want the proxy without its startup probe (a probe tick would hold the pod again)", p.Name, p.StartupProbe)
 	}
-	want := []string{"/.detour/opt/detour/bin/detour", "wait-proxy", "--probe=tcp://:4191", "--timeout=30s", "--attempt-timeout=1s"}
+	want := []string{"/.detour/opt/detour/bin/detour", "wait-proxy", "--probe=tcp://:4191", "--timeout=30s", "--attempt-timeout=1s", "--check-port=4142"}
 	if p.Lifecycle == nil || p.Lifecycle.PostStart == nil || p.Lifecycle.PostStart.Exec == nil || !slices.Equal(p.Lifecycle.PostStart.Exec.Command, want) {
 		t.Fatalf("proxy lifecycle %+v, want the postStart exec %q", p.Lifecycle, want)
 	}
@@ -120,7 +120,7 @@ func TestWaitProxyCommandAsksWhatTheStartupProbeWould(t *testing.T) {
 	} {
 		cfg := gateConfig(t, "hook", tc.probe)
 		got := WaitProxyCommand(cfg)
-		if !slices.Equal(got[:2], []string{ValidatorBinary, "wait-proxy"}) || !slices.Equal(got[2:], tc.want) {
+		if !slices.Equal(got[:2], []string{ValidatorBinary, "wait-proxy"}) || !slices.Equal(got[2:], append(tc.want, "--check-port=4142")) {
 			t.Errorf("startup probe %s: hook %q, want the flags %q", tc.probe, got, tc.want)
 		}
 	}

@@ -426,3 +426,148 @@ func TestIntegrationValidatorInTheProxysStart(t *testing.T) {
 		}
 	})
 }
+
+// gatedProxy is foldedProxy with detour's postStart hook as the proxy's start gate
+// (proxy.startGate hook) and a check of timeout: the proxy container and its hook's command line.
+func gatedProxy(t *testing.T, script string, timeout time.Duration) (corev1.Container, []string) {
+	t.Helper()
+	cfg, err := inject.ParseConfig([]byte(fmt.Sprintf(`
+proxy:
+  image: proxy:test
+  command: [/bin/sh, -c, %q, sh]
+  startupProbe: {tcpSocket: {port: 4191}, periodSeconds: 1, failureThreshold: 30}
+  startGate: hook
+sidecarMode: native
+validator: {mode: image-volume, timeout: %s}
+`, script, timeout)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "shop", Annotations: map[string]string{annotations.Inject: "enabled"}},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+	}
+	res, err := inject.Mutate(pod, inject.Input{NativeSidecars: true, Validator: annotations.ValidatorImageVolume}, cfg)
+	if err != nil || res.StartGate != annotations.StartGateHook {
+		t.Fatalf("inject: %v, start gate %q, warnings %v", err, res.StartGate, res.Warnings)
+	}
+	proxy := pod.Spec.InitContainers[0]
+	hook := proxy.Lifecycle.PostStart.Exec.Command
+	if hook[0] != inject.ValidatorBinary || proxy.StartupProbe != nil {
+		t.Fatalf("hook %q, startup probe %+v", hook, proxy.StartupProbe)
+	}
+	return proxy, hook
+}
+
+// runHook starts the hook's command line in ns as the proxy's UID, as the runtime execs it in
+// the proxy container; its output goes to out.
+func runHook(t *testing.T, ctx context.Context, ns *testenv.NetNS, hook []string, out *strings.Builder) *exec.Cmd {
+	t.Helper()
+	cmd := testenv.ChildCommand(ctx, proxyID, "detour", hook[1:]...)
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	return cmd
+}
+
+// Issue 36: the start gate's hook (detour wait-proxy) returns once the proxy — exec'd by the check
+// after it passed — listens; when the check fails, the hook fails at once with the check's
+// message (the kubelet shows it as the hook's error), long before its own bound; and a hook that
+// goes away before the check decided (the kubelet restarted) ends the check, which then exits 1,
+// not the validator's "no redirect", so that no kubelet can count a running failing check as a
+// started proxy.
+func TestIntegrationStartGateHook(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	t.Run("passes once the proxy listens", func(t *testing.T) {
+		ns := podNamespace(t, false)
+		proxy, hook := gatedProxy(t, "echo proxy up; exec sleep 30", 5*time.Second)
+		_, r := foldedProxy(t, "true")
+		applyRedirect(t, ns, r)
+		check := runFolded(ctx, ns, proxy)
+		var checkOut strings.Builder
+		check.Stdout, check.Stderr = &checkOut, &checkOut
+		if err := ns.Do(check.Start); err != nil {
+			t.Fatal(err)
+		}
+		defer check.Process.Kill()
+		var out strings.Builder
+		h := runHook(t, ctx, ns, hook, &out)
+		done := make(chan error, 1)
+		go func() { done <- h.Wait() }()
+		select {
+		case err := <-done:
+			t.Fatalf("the hook returned before the proxy listened: %v\n%s", err, out.String())
+		case <-time.After(time.Second):
+		}
+		var ln net.Listener
+		if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", ":4191"); return err }); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		select {
+		case err := <-done:
+			if err != nil || !strings.Contains(out.String(), "proxy started: 10.") {
+				t.Errorf("hook: %v\n%s", err, out.String())
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the hook did not return once the proxy listened:\n%s", out.String())
+		}
+		if !strings.Contains(checkOut.String(), "proxy up") {
+			t.Errorf("the check did not exec the proxy:\n%s", checkOut.String())
+		}
+	})
+
+	t.Run("fails with the check's message", func(t *testing.T) {
+		bare := podNamespace(t, false)
+		proxy, hook := gatedProxy(t, "echo proxy up; exec sleep 30", 2*time.Second)
+		check := runFolded(ctx, bare, proxy)
+		var checkOut strings.Builder
+		check.Stdout, check.Stderr = &checkOut, &checkOut
+		if err := bare.Do(check.Start); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		start := time.Now()
+		h := runHook(t, ctx, bare, hook, &out)
+		h.Wait()
+		check.Wait()
+		if code := h.ProcessState.ExitCode(); code != 1 || time.Since(start) > 10*time.Second {
+			t.Errorf("the hook exited %d after %s; want 1 within the check's 2s, not its own 30s", code, time.Since(start))
+		}
+		for _, want := range []string{"the redirect check at the proxy's start failed (exit 42)", "no redirect in this pod's network namespace"} {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("the hook's output lacks %q:\n%s", want, out.String())
+			}
+		}
+		if code := check.ProcessState.ExitCode(); code != validator.ExitNoRedirect || strings.Contains(checkOut.String(), "proxy up") {
+			t.Errorf("the check exited %d (want %d) or started the proxy:\n%s", code, validator.ExitNoRedirect, checkOut.String())
+		}
+	})
+
+	t.Run("a hook that goes away ends the check", func(t *testing.T) {
+		bare := podNamespace(t, false)
+		proxy, hook := gatedProxy(t, "echo proxy up; exec sleep 30", 20*time.Second)
+		check := runFolded(ctx, bare, proxy)
+		var checkOut strings.Builder
+		check.Stdout, check.Stderr = &checkOut, &checkOut
+		if err := bare.Do(check.Start); err != nil {
+			t.Fatal(err)
+		}
+		var out strings.Builder
+		h := runHook(t, ctx, bare, hook, &out)
+		time.Sleep(time.Second) // the hook joins the check
+		h.Process.Kill()        // as containerd kills it when the kubelet's exec goes away
+		h.Wait()
+		start := time.Now()
+		check.Wait()
+		if code := check.ProcessState.ExitCode(); code != validator.ExitFailure || time.Since(start) > 5*time.Second {
+			t.Errorf("the check exited %d %s after the hook went away; want %d at once (its own bound is 20s):\n%s", code, time.Since(start), validator.ExitFailure, checkOut.String())
+		}
+		if !strings.Contains(checkOut.String(), "the start gate's postStart hook ended before the check decided") || strings.Contains(checkOut.String(), "proxy up") {
+			t.Errorf("the check's output:\n%s", checkOut.String())
+		}
+	})
+}

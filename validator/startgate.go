@@ -75,6 +75,10 @@ type WaitConfig struct {
 	Timeout time.Duration
 	// AttemptTimeout bounds one attempt: the probe's timeoutSeconds.
 	AttemptTimeout time.Duration
+	// CheckPort, when set, is the check's port at the proxy's start: the wait joins the check's
+	// socket ([GateSocket]), fails at once with the check's message when it fails, and ends the
+	// check when the wait goes away first.
+	CheckPort uint16
 }
 
 // Waiter runs the start gate's wait.
@@ -84,6 +88,8 @@ type Waiter struct {
 	dialer  Dialer
 	client  *http.Client
 	backoff []time.Duration
+	// joinWait is how long the wait tries to join the check's socket.
+	joinWait time.Duration
 }
 
 // WaitOption configures a Waiter.
@@ -99,7 +105,7 @@ var startGateBackoff = []time.Duration{2 * time.Millisecond, 5 * time.Millisecon
 
 // NewWaiter returns a Waiter for cfg.
 func NewWaiter(cfg WaitConfig, opts ...WaitOption) *Waiter {
-	w := &Waiter{cfg: cfg, addrs: PodAddrs, dialer: &net.Dialer{}, backoff: startGateBackoff}
+	w := &Waiter{cfg: cfg, addrs: PodAddrs, dialer: &net.Dialer{}, backoff: startGateBackoff, joinWait: time.Second}
 	for _, o := range opts {
 		o(w)
 	}
@@ -121,11 +127,17 @@ type WaitResult struct {
 	Addr     netip.AddrPort
 	Attempts int
 	Elapsed  time.Duration
+	// Unjoined says why the wait could not join the check's socket, when it could not.
+	Unjoined string
 }
 
 // String is the line `detour wait-proxy` prints on success.
 func (r WaitResult) String() string {
-	return fmt.Sprintf("proxy started: %s answered after %s (%d attempts)", r.Addr, r.Elapsed.Round(time.Microsecond), r.Attempts)
+	s := fmt.Sprintf("proxy started: %s answered after %s (%d attempts)", r.Addr, r.Elapsed.Round(time.Microsecond), r.Attempts)
+	if r.Unjoined != "" {
+		s += "; the check's socket was not joined: " + r.Unjoined
+	}
+	return s
 }
 
 // Wait asks the target on each of the pod's addresses, again and again, until one answers
@@ -138,13 +150,20 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 	if err != nil {
 		return WaitResult{}, fmt.Errorf("find the pod's addresses: %w", err)
 	}
+	var verdict <-chan gateVerdict
+	var unjoined string
+	if w.cfg.CheckPort != 0 {
+		if verdict, err = joinGate(ctx, w.cfg.CheckPort, w.joinWait); err != nil {
+			unjoined = err.Error()
+		}
+	}
 	var last error
 	for attempts := 1; ; attempts++ {
 		for _, a := range addrs {
 			to := netip.AddrPortFrom(a, w.cfg.Target.Port)
 			err := w.attempt(ctx, to)
 			if err == nil {
-				return WaitResult{Addr: to, Attempts: attempts, Elapsed: time.Since(start)}, nil
+				return WaitResult{Addr: to, Attempts: attempts, Elapsed: time.Since(start), Unjoined: unjoined}, nil
 			}
 			if ctx.Err() == nil || last == nil {
 				last = err // not the end of the wait cutting an attempt short
@@ -158,6 +177,12 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 					w.cfg.Target, addrList(addrs), w.cfg.Timeout, attempts, last)
 			}
 			return WaitResult{}, fmt.Errorf("stopped waiting for the proxy (%s on %s): %w", w.cfg.Target, addrList(addrs), context.Cause(ctx))
+		case v := <-verdict:
+			if v.err != nil {
+				return WaitResult{}, v.err
+			}
+			verdict = nil // passed: the proxy starts now; ask again at once
+			continue
 		case <-time.After(pause):
 		}
 	}

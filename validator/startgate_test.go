@@ -172,3 +172,74 @@ func TestPodAddrsPutsIPv4First(t *testing.T) {
 		}
 	}
 }
+
+// The hook joins the check's socket: a failed check ends the wait at once with its message, a
+// passed one lets it go on to the proxy's port, and a wait that goes away first ends the check
+// (its context's cause says so).
+func TestWaitJoinsTheCheck(t *testing.T) {
+	waiter := func(checkPort, port uint16) *Waiter {
+		return NewWaiter(WaitConfig{Target: Target{Scheme: "tcp", Port: port}, Timeout: 20 * time.Second, AttemptTimeout: time.Second, CheckPort: checkPort}, WithAddrs(loopback))
+	}
+	t.Run("failed", func(t *testing.T) {
+		g, _, err := ListenGate(context.Background(), 64101)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			g.Verdict(&Error{Code: ExitNoRedirect, Msg: "no redirect in this pod's network namespace"}, time.Second)
+		}()
+		start := time.Now()
+		_, err = waiter(64101, freePort(t)).Wait(context.Background())
+		if err == nil || !strings.Contains(err.Error(), "failed (exit 42): no redirect in this pod's network namespace") || time.Since(start) > 5*time.Second {
+			t.Errorf("Wait = %v after %s; want the check's failure at once", err, time.Since(start))
+		}
+	})
+	t.Run("passed", func(t *testing.T) {
+		g, _, err := ListenGate(context.Background(), 64102)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		go func() { time.Sleep(200 * time.Millisecond); g.Verdict(nil, 0) }()
+		res, err := waiter(64102, uint16(ln.Addr().(*net.TCPAddr).Port)).Wait(context.Background())
+		if err != nil || res.Unjoined != "" {
+			t.Errorf("Wait = %+v, %v", res, err)
+		}
+	})
+	t.Run("the wait goes away", func(t *testing.T) {
+		g, checkCtx, err := ListenGate(context.Background(), 64103)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Verdict(nil, 0)
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(300*time.Millisecond, cancel)
+		waiter(64103, freePort(t)).Wait(ctx)
+		select {
+		case <-checkCtx.Done():
+			if err, ok := Aborted(checkCtx); !ok || Code(err) != ExitFailure || !strings.Contains(err.Error(), "ended before the check decided") {
+				t.Errorf("Aborted = %v, %v", err, ok)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the check went on after its hook went away")
+		}
+	})
+	t.Run("no check to join", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		w := waiter(64104, uint16(ln.Addr().(*net.TCPAddr).Port))
+		w.joinWait = 50 * time.Millisecond
+		res, err := w.Wait(context.Background())
+		if err != nil || !strings.Contains(res.String(), "the check's socket was not joined") {
+			t.Errorf("Wait = %s, %v; want success that says it joined nothing", res, err)
+		}
+	})
+}

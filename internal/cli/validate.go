@@ -2,6 +2,7 @@ package cli
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -46,10 +47,25 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 			if err != nil {
 				return &ExitError{Code: validator.Code(err), Err: err}
 			}
-			res, err := validator.New(cfg).Run(cmd.Context())
+			ctx := cmd.Context()
+			var gate *validator.GateServer
+			if len(args) > 0 {
+				// At the proxy's start: the start gate's hook, where there is one, joins the
+				// check and learns its verdict (validator/gatesocket.go).
+				var gerr error
+				if gate, ctx, gerr = validator.ListenGate(ctx, uint16(cfg.Port)); gerr != nil {
+					fmt.Fprintf(cmd.ErrOrStderr(), "detour validate: %v; a start gate hook only waits for the proxy\n", gerr)
+				}
+			}
+			res, err := validator.New(cfg).Run(ctx)
 			if err != nil {
+				if abort, ok := validator.Aborted(ctx); ok {
+					err = abort
+				}
+				gate.Verdict(err, time.Second)
 				return &ExitError{Code: validator.Code(err), Err: err}
 			}
+			gate.Verdict(nil, 0)
 			fmt.Fprintln(cmd.OutOrStdout(), res)
 			if len(args) == 0 {
 				return nil

@@ -19,6 +19,7 @@ func newWaitProxyCommand() *cobra.Command {
 		headers        []string
 		timeout        time.Duration
 		attemptTimeout time.Duration
+		checkPort      uint16
 	)
 	cmd := &cobra.Command{
 		Use:   "wait-proxy --probe=URL [flags]",
@@ -30,11 +31,16 @@ would have asked, on the pod's own addresses: a TCP connection (tcp://:PORT), or
 (http://:PORT/PATH, https://:PORT/PATH). The proxy starts only after the check passed, so an answer
 also proves the redirect is in place.
 
-It exits 0 once the proxy answers; 1 when --timeout passes first (the kubelet then stops the proxy,
-records FailedPostStartHook and starts it again); 2 on bad flags. When the check fails, the container's
-first process exits and the kernel ends this one with it. See docs/webhook.md.`,
+With --check-port it also joins the check (an abstract unix socket of the pod's network namespace):
+when the check fails it exits 1 at once with the check's message, which the kubelet shows as the
+hook's error; when it goes away before the check decided (the kubelet that ran it restarted, or the
+pod is being deleted), the check ends too, so that a kubelet that comes back, seeing the proxy run,
+cannot start the pod's next containers while a failing check still runs.
+
+It exits 0 once the proxy answers; 1 when the check failed, or --timeout passed first (the kubelet then
+stops the proxy, records FailedPostStartHook and starts it again); 2 on bad flags. See docs/webhook.md.`,
 		Example: `  # What the webhook injects for a startup probe tcpSocket 4191, period 1s, failureThreshold 30:
-  /.detour/opt/detour/bin/detour wait-proxy --probe=tcp://:4191 --timeout=30s --attempt-timeout=1s
+  /.detour/opt/detour/bin/detour wait-proxy --probe=tcp://:4191 --timeout=30s --attempt-timeout=1s --check-port=4142
 
   # An httpGet startup probe with a header:
   detour wait-proxy --probe=http://:15021/healthz/ready --header='X-Probe: start' --timeout=600s`,
@@ -60,7 +66,7 @@ first process exits and the kernel ends this one with it. See docs/webhook.md.`,
 			if timeout <= 0 || attemptTimeout <= 0 {
 				return &ExitError{Code: validator.ExitUsage, Err: fmt.Errorf("--timeout and --attempt-timeout must be positive durations, such as 30s and 1s")}
 			}
-			res, err := validator.NewWaiter(validator.WaitConfig{Target: t, Timeout: timeout, AttemptTimeout: attemptTimeout}).Wait(cmd.Context())
+			res, err := validator.NewWaiter(validator.WaitConfig{Target: t, Timeout: timeout, AttemptTimeout: attemptTimeout, CheckPort: checkPort}).Wait(cmd.Context())
 			if err != nil {
 				return &ExitError{Code: validator.ExitFailure, Err: err}
 			}
@@ -76,6 +82,7 @@ first process exits and the kernel ends this one with it. See docs/webhook.md.`,
 	fl.StringArrayVar(&headers, "header", nil, "an extra header of the GET, 'Name: value' (repeatable; the startup probe's httpHeaders)")
 	fl.DurationVar(&timeout, "timeout", 0, "bound of the whole wait: the startup probe's budget (initialDelaySeconds + periodSeconds × failureThreshold)")
 	fl.DurationVar(&attemptTimeout, "attempt-timeout", time.Second, "bound of one attempt: the startup probe's timeoutSeconds")
+	fl.Uint16Var(&checkPort, "check-port", 0, "the port of the redirect check at the proxy's start (detour.dev/validator-check-port): join the check, fail at once with its message when it fails, and end it when this wait goes away first; 0 for none")
 	cmd.MarkFlagRequired("probe")
 	cmd.MarkFlagRequired("timeout")
 	return cmd

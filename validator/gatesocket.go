@@ -1,0 +1,174 @@
+package validator
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The check at the proxy's start and its start gate's hook talk over an abstract unix socket of
+// the pod's network namespace, named after the check port. The hook connects and waits for the
+// check's verdict, a line: "passed", or "failed CODE MESSAGE". Two things follow:
+//
+//   - a hook that goes away before the verdict ends the check (exit 1): the kubelet that ran the
+//     hook is gone (restarted, or the pod is being deleted), and a kubelet that comes back counts
+//     a running proxy without a startup probe as started, so it would start the pod's next
+//     containers while a failing check still runs. Ended, the proxy is started again — with the
+//     hook — by the next kubelet;
+//   - the hook reports a failed check's message, which the kubelet shows as the hook's error
+//     (PostStartHookError), instead of dying with the check.
+//
+// docs/webhook.md, "The proxy's start gate", says what is left: a kubelet that dies between the
+// proxy's start and the hook's connection.
+
+// GateSocket is the abstract unix socket name of the check on checkPort.
+func GateSocket(checkPort uint16) string { return fmt.Sprintf("@detour-check-%d", checkPort) }
+
+// gateAbort is the cause of a check ended by its hook's going away.
+var gateAbort = errors.New("the start gate's postStart hook ended before the check decided (the kubelet that ran it stopped waiting: it restarted, or the pod is being deleted); ending the check, so that no container of the pod starts before a check has passed — the kubelet starts the proxy again")
+
+// GateServer is the check's side: it accepts hooks and tells them the verdict.
+type GateServer struct {
+	ln     net.Listener
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	conns  []net.Conn
+	done   bool
+	wg     sync.WaitGroup
+}
+
+// ListenGate opens the check's socket for checkPort; ctx is cancelled (cause: the hook went away)
+// when a hook that connected goes away before [GateServer.Verdict]. An error (the name is taken)
+// leaves the check without a hook to tell: it runs as before.
+func ListenGate(ctx context.Context, checkPort uint16) (*GateServer, context.Context, error) {
+	ln, err := net.Listen("unix", GateSocket(checkPort))
+	if err != nil {
+		return nil, ctx, fmt.Errorf("listen on the start gate's socket %s: %w", GateSocket(checkPort), err)
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	g := &GateServer{ln: ln, cancel: cancel}
+	g.wg.Go(g.accept)
+	return g, ctx, nil
+}
+
+func (g *GateServer) accept() {
+	for {
+		c, err := g.ln.Accept()
+		if err != nil {
+			return
+		}
+		g.mu.Lock()
+		if g.done {
+			g.mu.Unlock()
+			c.Close()
+			continue
+		}
+		g.conns = append(g.conns, c)
+		g.mu.Unlock()
+		g.wg.Go(func() {
+			// The hook never writes: a read returns only when it goes away.
+			c.Read(make([]byte, 1))
+			g.mu.Lock()
+			early := !g.done
+			g.mu.Unlock()
+			if early {
+				g.cancel(gateAbort)
+			}
+		})
+	}
+}
+
+// Verdict tells every connected hook the check's outcome (err nil: passed) and closes the
+// socket (nothing on a nil GateServer: no socket). After a failure it gives the hooks up to linger to read it, so that each reports the
+// check's message before the check's exit ends them.
+func (g *GateServer) Verdict(err error, linger time.Duration) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	g.done = true
+	conns := g.conns
+	g.mu.Unlock()
+	g.ln.Close()
+	line := "passed\n"
+	if err != nil {
+		line = fmt.Sprintf("failed %d %s\n", Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
+	}
+	for _, c := range conns {
+		c.SetWriteDeadline(time.Now().Add(linger))
+		c.Write([]byte(line))
+	}
+	if err != nil && len(conns) > 0 {
+		// Each hook closes its end once it has read the verdict.
+		deadline := time.Now().Add(linger)
+		for _, c := range conns {
+			c.SetReadDeadline(deadline)
+		}
+		finished := make(chan struct{})
+		go func() { g.wg.Wait(); close(finished) }()
+		select {
+		case <-finished:
+		case <-time.After(linger):
+		}
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// Aborted reports whether ctx (from [ListenGate]) ended because the hook went away, and the
+// error to exit with then.
+func Aborted(ctx context.Context) (error, bool) {
+	if errors.Is(context.Cause(ctx), gateAbort) {
+		return &Error{Code: ExitFailure, Msg: gateAbort.Error()}, true
+	}
+	return nil, false
+}
+
+// gateVerdict is what the hook learnt from the check: passed, or the failure's message.
+type gateVerdict struct {
+	passed bool
+	err    error
+}
+
+// joinGate is the hook's side: it connects to the check's socket (retrying for up to wait: the
+// check opens it as the container starts, usually before the hook runs) and returns a channel
+// that gets the verdict, or nil when there is no socket to join (a check that predates it; the
+// hook then only waits for the proxy). The connection stays open until ctx ends.
+func joinGate(ctx context.Context, checkPort uint16, wait time.Duration) (<-chan gateVerdict, error) {
+	var c net.Conn
+	var err error
+	deadline := time.Now().Add(wait)
+	for {
+		var d net.Dialer
+		c, err = d.DialContext(ctx, "unix", GateSocket(checkPort))
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err != nil {
+		return nil, err
+	}
+	ch := make(chan gateVerdict, 1)
+	go func() {
+		defer c.Close()
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		defer stop()
+		line, err := bufio.NewReader(c).ReadString('\n')
+		switch {
+		case line == "passed\n":
+			ch <- gateVerdict{passed: true}
+		case strings.HasPrefix(line, "failed "):
+			ch <- gateVerdict{err: fmt.Errorf("the redirect check at the proxy's start failed (exit %s", strings.Replace(strings.TrimSpace(strings.TrimPrefix(line, "failed ")), " ", "): ", 1))}
+		case ctx.Err() == nil:
+			ch <- gateVerdict{err: fmt.Errorf("the redirect check at the proxy's start ended without a verdict (%v): the proxy's container exited or was stopped; its log says why", err)}
+		}
+	}()
+	return ch, nil
+}

@@ -130,33 +130,38 @@ func Aborted(ctx context.Context) (error, bool) {
 	return nil, false
 }
 
-// gateVerdict is what the hook learnt from the check: passed, or the failure's message.
+// gateVerdict is what the hook learnt from the check: passed, the failure's message, or that
+// it could not join it (unjoined).
 type gateVerdict struct {
-	passed bool
-	err    error
+	passed   bool
+	err      error
+	unjoined error
 }
 
-// joinGate is the hook's side: it connects to the check's socket (retrying for up to wait: the
-// check opens it as the container starts, usually before the hook runs) and returns a channel
-// that gets the verdict, or nil when there is no socket to join (a check that predates it; the
-// hook then only waits for the proxy). The connection stays open until ctx ends.
-func joinGate(ctx context.Context, checkPort uint16, wait time.Duration) (<-chan gateVerdict, error) {
-	var c net.Conn
-	var err error
-	deadline := time.Now().Add(wait)
-	for {
-		var d net.Dialer
-		c, err = d.DialContext(ctx, "unix", GateSocket(checkPort))
-		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if err != nil {
-		return nil, err
-	}
+// joinGate is the hook's side: in the background, it connects to the check's socket (retrying
+// for up to wait: the check opens it as the container starts, usually before the hook runs) and
+// sends the verdict on the channel it returns — or unjoined, when there is no socket to join: a
+// check that decided before the hook came (it passed and exec'd the proxy, or failed and exits),
+// or one that predates the socket; the hook then only waits for the proxy. The connection stays
+// open until the verdict comes or ctx ends.
+func joinGate(ctx context.Context, checkPort uint16, wait time.Duration) <-chan gateVerdict {
 	ch := make(chan gateVerdict, 1)
 	go func() {
+		var c net.Conn
+		var err error
+		deadline := time.Now().Add(wait)
+		for {
+			var d net.Dialer
+			c, err = d.DialContext(ctx, "unix", GateSocket(checkPort))
+			if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if err != nil {
+			ch <- gateVerdict{unjoined: err}
+			return
+		}
 		defer c.Close()
 		stop := context.AfterFunc(ctx, func() { c.Close() })
 		defer stop()
@@ -170,5 +175,5 @@ func joinGate(ctx context.Context, checkPort uint16, wait time.Duration) (<-chan
 			ch <- gateVerdict{err: fmt.Errorf("the redirect check at the proxy's start ended without a verdict (%v): the proxy's container exited or was stopped; its log says why", err)}
 		}
 	}()
-	return ch, nil
+	return ch
 }

@@ -153,9 +153,7 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 	var verdict <-chan gateVerdict
 	var unjoined string
 	if w.cfg.CheckPort != 0 {
-		if verdict, err = joinGate(ctx, w.cfg.CheckPort, w.joinWait); err != nil {
-			unjoined = err.Error()
-		}
+		verdict = joinGate(ctx, w.cfg.CheckPort, w.joinWait)
 	}
 	var last error
 	for attempts := 1; ; attempts++ {
@@ -178,11 +176,15 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 			}
 			return WaitResult{}, fmt.Errorf("stopped waiting for the proxy (%s on %s): %w", w.cfg.Target, addrList(addrs), context.Cause(ctx))
 		case v := <-verdict:
-			if v.err != nil {
+			switch {
+			case v.err != nil:
 				return WaitResult{}, v.err
+			case v.unjoined != nil:
+				unjoined, verdict = v.unjoined.Error(), nil
+			default:
+				verdict = nil // passed: the proxy starts now; ask again at once
+				continue
 			}
-			verdict = nil // passed: the proxy starts now; ask again at once
-			continue
 		case <-time.After(pause):
 		}
 	}

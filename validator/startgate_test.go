@@ -230,12 +230,28 @@ func TestWaitJoinsTheCheck(t *testing.T) {
 		}
 	})
 	t.Run("no check to join", func(t *testing.T) {
+		// The check passed and exec'd the proxy before the hook came: its socket is gone, and
+		// the wait does not wait to join it.
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer ln.Close()
-		w := waiter(64104, uint16(ln.Addr().(*net.TCPAddr).Port))
+		port := uint16(ln.Addr().(*net.TCPAddr).Port)
+		w := waiter(64104, port)
+		w.joinWait = 5 * time.Second
+		start := time.Now()
+		if _, err := w.Wait(context.Background()); err != nil || time.Since(start) > time.Second {
+			t.Errorf("Wait = %v after %s; want the listening proxy at once", err, time.Since(start))
+		}
+		// A proxy that listens late: the result says the check was not joined.
+		late := freePort(t)
+		time.AfterFunc(300*time.Millisecond, func() {
+			if l, err := net.Listen("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), late).String()); err == nil {
+				t.Cleanup(func() { l.Close() })
+			}
+		})
+		w = waiter(64104, late)
 		w.joinWait = 50 * time.Millisecond
 		res, err := w.Wait(context.Background())
 		if err != nil || !strings.Contains(res.String(), "the check's socket was not joined") {

@@ -35,7 +35,7 @@ e2e:
 # 000's scale-out, removal) and the flannel cluster's, each cluster its own. `make e2e` runs
 # their cross-node smoke. It builds flannel besides the other test binaries.
 e2e-cluster:
-	DETOUR_BINARIES=cluster GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags cluster -run 'TestE2ECluster|TestE2EFlannel' ./test/e2e
+	DETOUR_BINARIES=cluster DETOUR_HOST_DEPS=cluster GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags cluster -run 'TestE2ECluster|TestE2EFlannel' ./test/e2e
 
 # The reliability soak on the real node (docs/reliability.md): Deployments in waves of 20 pods,
 # Jobs and bare pods while faults hit the node (agent deleted, containerd, kubelet and

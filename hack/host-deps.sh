@@ -2,8 +2,11 @@
 # Installs the Debian packages the privileged tests and the demo use, when they are missing:
 # iptables (both the legacy and nft backends) and iproute2; nftables, whose nft command the real
 # node's kube-proxy runs; mmdebstrap, which builds the userland of Kubernetes' test images; and
-# libseccomp-dev, which the real node's runc build needs. Needs root to install; without root it
-# only reports what is missing, and the privileged tests then skip (or fail, when required).
+# libseccomp-dev, which the real node's runc build needs. With DETOUR_HOST_DEPS=cluster (make
+# e2e-cluster) also clang and LLVM 19, with which cilium-agent compiles its BPF programs at start
+# (Cilium 1.20 needs LLVM 18 or later; its own image has 19.1.7); make test and CI do not install
+# them. Needs root to install; without root it only reports what is missing, and the privileged
+# tests then skip (or fail, when required).
 set -euo pipefail
 
 missing=()
@@ -14,6 +17,13 @@ command -v ip >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v ip >/dev/
 command -v nft >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 [ -e /usr/include/seccomp.h ] || missing+=(libseccomp-dev)
+if [ "${DETOUR_HOST_DEPS:-}" = cluster ]; then
+	# The agent runs clang from PATH: test/e2e/framework/cilium.go puts /usr/lib/llvm-19/bin first.
+	[ -x /usr/lib/llvm-19/bin/clang ] || missing+=(clang-19)
+	[ -x /usr/lib/llvm-19/bin/llc ] || missing+=(llvm-19)
+	# hack/test-binaries.sh reads Cilium's module with it.
+	command -v jq >/dev/null 2>&1 || missing+=(jq)
+fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 pkgs=$(printf '%s\n' "${missing[@]}" | sort -u | tr '\n' ' ')

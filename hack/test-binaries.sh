@@ -11,7 +11,9 @@
 # then e2e.test; the rest beside them).
 #
 # With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
-# helm are built; flannel only with DETOUR_BINARIES=cluster (make e2e-cluster).
+# helm are built; flannel and Cilium (cilium-agent and cilium-cni, with the datapath's sources
+# and the CRDs) only with DETOUR_BINARIES=cluster (make e2e-cluster). Cilium's cold build took
+# 828 s on 2 cores beside other builds (load 10 to 45; 2026-12-05).
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -37,6 +39,7 @@ operator=$(module_version "$root/hack/tools/prometheus-operator/go.mod" github.c
 coredns=$(module_version "$root/hack/tools/coredns/go.mod" github.com/coredns/coredns)
 flannel=$(module_version "$root/hack/tools/flannel/go.mod" github.com/flannel-io/flannel)
 flannelcni=$(module_version "$root/hack/tools/flannel-cni/go.mod" github.com/containernetworking/plugins)
+cilium=$(module_version "$root/hack/tools/cilium/go.mod" github.com/cilium/cilium)
 for v in api kube etcd plugins helm containerd runc prometheus operator coredns; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
@@ -140,6 +143,45 @@ build_rootfs() {
 	ln -sfn "debian-rootfs-$key.tar" "$bin/debian-rootfs.tar"
 }
 
+# build_cilium builds cilium-agent and cilium-cni of version $cilium into the directory
+# $bin/cilium-$cilium, with what the agent reads at run time beside them: the datapath's C
+# sources (bpf/, which the agent compiles with clang at start, as /var/lib/cilium/bpf in
+# Cilium's image) and the CRDs (crds/, which Cilium's operator would install). It builds from
+# the unpacked module with a copy of the module's go.mod (-modfile) that takes the replaces of
+# hack/tools/cilium/go.mod.
+build_cilium() {
+	local out="$bin/cilium-$cilium"
+	if [ ! -d "$out" ]; then
+		echo "test-binaries: building cilium-agent and cilium-cni $cilium from github.com/cilium/cilium (cached afterwards in $bin)" >&2
+		local start=$SECONDS info dir time tmp r
+		info=$(cd "$root/hack/tools/cilium" && go mod download -json github.com/cilium/cilium) ||
+			{ echo "test-binaries: cannot download github.com/cilium/cilium $cilium" >&2; return 1; }
+		dir=$(jq -r .Dir <<<"$info")
+		time=$(jq -r .Time "$(jq -r .Info <<<"$info")")
+		tmp=$(mktemp -d "$bin/.cilium.XXXXXX")
+		cp "$dir/go.mod" "$tmp/cilium.mod"
+		cp "$dir/go.sum" "$tmp/cilium.sum"
+		chmod u+w "$tmp/cilium.mod" "$tmp/cilium.sum"
+		for r in $(cd "$root/hack/tools/cilium" && go mod edit -json | jq -r '.Replace[]? | "\(.Old.Path)@\(.Old.Version)=\(.New.Path)@\(.New.Version)"'); do
+			(cd "$dir" && go mod edit -modfile="$tmp/cilium.mod" -replace="$r")
+		done
+		# The version string is what Cilium's Makefile writes: version, revision, author date.
+		(cd "$dir" && go build -modfile="$tmp/cilium.mod" -trimpath -tags osusergo -o "$tmp/" \
+			-ldflags "-s -w -X 'github.com/cilium/cilium/pkg/version.ciliumVersion=${cilium#v} $cilium $time'" \
+			./daemon ./plugins/cilium-cni) || { rm -rf "$tmp"; return 1; }
+		mv "$tmp/daemon" "$tmp/cilium-agent"
+		cp -r "$dir/bpf" "$tmp/bpf"
+		mkdir "$tmp/crds"
+		cp "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2/*.yaml "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2alpha1/*.yaml "$tmp/crds/"
+		rm -f "$tmp/cilium.mod" "$tmp/cilium.sum"
+		chmod -R u+w "$tmp"
+		chmod 755 "$tmp"
+		mv "$tmp" "$out"
+		echo "test-binaries: built cilium-agent and cilium-cni in $((SECONDS - start))s" >&2
+	fi
+	ln -sfn "cilium-$cilium" "$bin/cilium"
+}
+
 minor=${kube#v1.}
 minor=${minor%%.*}
 cb=k8s.io/component-base/version
@@ -198,6 +240,8 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 		CGO_ENABLED=1 TAGS="netgo osusergo" build flanneld "$flannel" flannel github.com/flannel-io/flannel \
 			"-extldflags -static -X github.com/flannel-io/flannel/pkg/version.Version=$flannel"
 		build flannel "$flannelcni" flannel-cni github.com/containernetworking/plugins/plugins/meta/flannel
+		# Cilium, the primary CNI of the Cilium cluster (test/e2e/framework/cilium.go, issue 35).
+		build_cilium
 	fi
 	build_rootfs
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.

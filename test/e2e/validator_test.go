@@ -139,12 +139,12 @@ func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context,
 		t.Fatal(err)
 	}
 	waitDryRunValidator(t, ctx, e, annotations.ValidatorInitContainer)
-	// Logged when the mode changed: the node, created without versions, counted as unable at once.
-	if log := webhookLog(t, ctx, e); !lineWith(log, `"validator mode"`, `"init-container"`, "1 of 2 nodes cannot mount image volumes: e2e-old-node: ") {
+	// Logged when the mode changed: the node, which no agent labels, counted at once.
+	if log := webhookLog(t, ctx, e); !lineWith(log, `"validator mode"`, `"init-container"`, "1 of 2 nodes do not carry detour.dev/image-volumes=true: e2e-old-node: ") {
 		t.Errorf("the webhook's log does not say why it went back to the init container:\n%s", framework.Tail(log, 20))
 	}
 	report, _ := e.CheckCluster(t, ctx)
-	framework.WantCheck(t, report, "validator-mode", clustercheck.OK, "runs as the detour-validator init container: 1 of 2 nodes cannot mount image volumes: e2e-old-node: the kubelet v1.34.3")
+	framework.WantCheck(t, report, "validator-mode", clustercheck.OK, "runs as the detour-validator init container: 1 of 2 nodes do not carry detour.dev/image-volumes=true: e2e-old-node: the kubelet v1.34.3")
 
 	if err := nodes.Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)

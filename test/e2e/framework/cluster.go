@@ -83,10 +83,10 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 		RunDir: n.Dir, Cgroup: n.Cgroup, Sysctls: machineSysctls(),
 		// One chart for every node: the paths it names are the control-plane node's, and
 		// each node mounts its own directories over them.
-		Binds: []bindMount{
+		Binds: append([]bindMount{
 			{Source: filepath.Join(n.Dir, "cni"), Target: filepath.Join(cp.Dir, "cni")},
 			{Source: filepath.Join(n.Dir, "logs"), Target: filepath.Join(cp.Dir, "logs")},
-		},
+		}, n.ciliumBinds()...),
 		Net: netSpec{Link: "node0", NodeIP: n.IP},
 	}, n.logPath("holder"))
 	if err != nil {
@@ -252,9 +252,9 @@ func enslave(name string, br netlink.Link) error {
 }
 
 // routePods adds (or, with add unset, removes) n's route to the pods of other, through
-// other's node IP on the underlay. Flannel routes them itself.
+// other's node IP on the underlay. Flannel and Cilium route them themselves.
 func (n *Node) routePods(other *Node, add bool) error {
-	if n.holder == nil || other == n || n.flannel() {
+	if n.holder == nil || other == n || n.flannel() || n.cilium() {
 		return nil
 	}
 	return nsutil.Do(n.holder.netns(), func() error {

@@ -57,8 +57,9 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
 			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
 			"--service-cluster-ip-range", serviceCIDR, "--leader-elect=false", "--profiling=false"}
-		if n.flannel() {
-			// Flannel's kube subnet manager takes each node's pod range from its Node.
+		if n.flannel() || n.cilium() {
+			// Flannel's kube subnet manager, and Cilium's ipam mode kubernetes, take each
+			// node's pod range from its Node.
 			argv = append(argv, "--allocate-node-cidrs=true", "--cluster-cidr", ClusterCIDR.String(),
 				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
 		}
@@ -93,6 +94,8 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--healthz-bind-address", "0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}
 		// It runs nft for every change of its rules (Debian's nftables, in /usr/sbin).
 		env = []string{"PATH=" + os.Getenv("PATH") + ":/usr/sbin:/sbin", "HOME=" + n.Dir}
+	case "cilium-agent":
+		argv, env = n.ciliumCommand()
 	case "prometheus":
 		// Started by the monitoring story, with the configuration it writes into PrometheusDir.
 		dir := n.PrometheusDir()

@@ -56,6 +56,11 @@ func (n *Node) writeFiles() error {
 		if err := os.MkdirAll(n.ownFlannelDir(), 0o755); err != nil {
 			return err
 		}
+	} else if n.cilium() {
+		// cilium-agent writes the conflist (cilium.go).
+		if err := n.writeCiliumFiles(); err != nil {
+			return err
+		}
 	} else if err := n.WritePrimaryConfig(); err != nil {
 		return err
 	}
@@ -169,20 +174,26 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
 	})
 }
 
-// PrimaryConfigPath is the primary CNI's conflist: the test's, or flannel's on the flannel
-// cluster.
+// PrimaryConfigPath is the primary CNI's conflist: the test's, flannel's on the flannel
+// cluster, or Cilium's on the Cilium cluster.
 func (n *Node) PrimaryConfigPath() string {
 	if n.flannel() {
 		return filepath.Join(n.CNIConfDir, flannelConflist)
+	}
+	if n.cilium() {
+		return filepath.Join(n.CNIConfDir, ciliumConflist)
 	}
 	return filepath.Join(n.CNIConfDir, "10-e2e.conflist")
 }
 
 // Primary is the name of the primary CNI's network: PrimaryNetwork, or FlannelNetwork on the
-// flannel cluster.
+// flannel cluster, CiliumNetwork on the Cilium cluster.
 func (n *Node) Primary() string {
 	if n.flannel() {
 		return FlannelNetwork
+	}
+	if n.cilium() {
+		return CiliumNetwork
 	}
 	return PrimaryNetwork
 }

@@ -61,6 +61,9 @@ type Options struct {
 	// cluster's primary CNI (flannel.go), not the bridge conflist the test writes. The nodes
 	// that join take the control-plane node's choice.
 	FlannelImage string
+	// Cilium, when set, makes Cilium the cluster's primary CNI (cilium.go): cilium-agent runs on
+	// every node and writes its conflist. The nodes that join take the control-plane node's choice.
+	Cilium bool
 	// DNSImage, when set, is CoreDNS's image (DNSImage; already in one of Images): the
 	// control-plane node deploys it as the cluster's DNS, kube-dns.
 	DNSImage string
@@ -148,7 +151,7 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 		return n, fmt.Errorf("write the node's files: %w", err)
 	}
 	n.holder, err = startHolder(holderSpec{
-		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(),
+		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(), Binds: n.ciliumBinds(),
 		Net: netSpec{Link: "node0", NodeIP: NodeIP},
 	}, n.logPath("holder"))
 	if err != nil {
@@ -173,6 +176,11 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 			return n, err
 		}
 	}
+	if opts.Cilium {
+		if err := n.installCiliumCRDs(ctx); err != nil {
+			return n, err
+		}
+	}
 	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
@@ -189,22 +197,30 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 }
 
 // startKubelet imports the node's images into containerd and starts the kubelet. On the
-// flannel cluster, the node's pod range is then the one the controller-manager allocated, and
-// it returns once flanneld runs there.
+// flannel and Cilium clusters, the node's pod range is then the one the controller-manager
+// allocated, and it returns once flanneld, or cilium-agent, runs there.
 func (n *Node) startKubelet(ctx context.Context) error {
 	for _, img := range n.opts.Images {
 		if _, err := n.Run(ctx, n.Ctr("images", "import", "--snapshotter", "overlayfs", img)...); err != nil {
 			return fmt.Errorf("import %s into containerd: %w", img, err)
 		}
 	}
+	if n.cilium() {
+		if err := n.launchCilium(); err != nil {
+			return err
+		}
+	}
 	if err := n.StartComponent(ctx, "kubelet"); err != nil {
 		return err
 	}
-	if !n.flannel() {
+	if !n.flannel() && !n.cilium() {
 		return nil
 	}
 	if err := n.takePodCIDR(ctx); err != nil {
 		return err
+	}
+	if n.cilium() {
+		return n.waitCilium(ctx)
 	}
 	return n.waitFlannel(ctx)
 }

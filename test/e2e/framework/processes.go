@@ -16,13 +16,16 @@ import (
 	"k8s.io/client-go/rest"
 )
 
-// machineSysctls are the machine-wide kernel settings the kubelet rewrites (setupKernelTunables);
-// the node gets stand-in files that start with the host's values.
+// machineSysctls are the machine-wide kernel settings the kubelet rewrites (setupKernelTunables),
+// and cilium-agent on the Cilium cluster; the node gets stand-in files that start with the
+// host's values.
 func machineSysctls() map[string]string {
 	m := map[string]string{}
 	for _, f := range []string{
 		"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
 		"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+		// unprivileged_bpf_disabled cannot be set back once 1.
+		"kernel/unprivileged_bpf_disabled", "kernel/timer_migration",
 	} {
 		p := "/proc/sys/" + f
 		if v, err := os.ReadFile(p); err == nil {
@@ -200,6 +203,8 @@ func (n *Node) ready(ctx context.Context, name string) bool {
 		return n.httpOK(ctx, "http://127.0.0.1:10256/healthz", false)
 	case "prometheus":
 		return n.httpOK(ctx, "http://"+PrometheusAddr+"/-/ready", false)
+	case "cilium-agent":
+		return n.httpOK(ctx, fmt.Sprintf("http://127.0.0.1:%d/healthz", ciliumHealthPort), false)
 	case "containerd":
 		// Its log is appended to across restarts: this start's part follows the last start line.
 		log := n.Log(name)

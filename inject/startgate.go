@@ -2,7 +2,9 @@ package inject
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -52,6 +54,12 @@ func startGate(res Result, cfg *Config, s settings) (annotations.StartGateValue,
 	return annotations.StartGateHook, nil
 }
 
+// HookWait is how long a check at the proxy's start that failed waits for the start gate's hook
+// to join and take its message (the folded check's --hook-wait): the kubelet runs the hook right
+// after starting the container (tens of milliseconds on the real node). It is short because a
+// failed check that no hook watches keeps the container running while it waits.
+const HookWait = time.Second
+
 // autoStartGate is the gate proxy.startGate auto chooses where the hook can be had.
 var autoStartGate = annotations.StartGateProbe
 
@@ -62,6 +70,10 @@ var autoStartGate = annotations.StartGateProbe
 // for the probe's next tick (docs/benchmarks.md, "What holds the next container").
 func hookGate(proxy *corev1.Container, cfg *Config) {
 	proxy.StartupProbe = nil
+	// A check that finds no redirect can fail before the hook's exec has begun: it waits that
+	// long for the hook, which then reports the check's message.
+	dash := slices.Index(proxy.Command, "--")
+	proxy.Command = slices.Insert(proxy.Command, dash, "--hook-wait="+HookWait.String())
 	proxy.Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
 		Exec: &corev1.ExecAction{Command: WaitProxyCommand(cfg)},
 	}}

@@ -82,6 +82,10 @@ func TestMutateHookGate(t *testing.T) {
 	if p.Lifecycle.PreStop != nil {
 		t.Errorf("a preStop hook appeared: %+v", p.Lifecycle.PreStop)
 	}
+	// The check waits a moment for the hook after a failure, so that the hook reports it.
+	if !slices.Contains(p.Command, "--hook-wait=1s") || slices.Index(p.Command, "--hook-wait=1s") > slices.Index(p.Command, "--") {
+		t.Errorf("proxy command %q: want --hook-wait=1s among the check's flags", p.Command)
+	}
 	// The hook's binary is the folded check's: the same image volume and mount.
 	if !strings.HasPrefix(want[0], p.VolumeMounts[0].MountPath+"/") || p.Command[0] != want[0] {
 		t.Errorf("hook %q is not on the check's mount %+v (command %q)", want[0], p.VolumeMounts, p.Command)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -36,10 +37,11 @@ var gateAbort = errors.New("the start gate's postStart hook ended before the che
 type GateServer struct {
 	ln     net.Listener
 	cancel context.CancelCauseFunc
-	mu     sync.Mutex
-	conns  []net.Conn
-	done   bool
-	wg     sync.WaitGroup
+	// joined is closed when the first hook connects; accepted when the accept loop has ended.
+	joined, accepted chan struct{}
+	mu               sync.Mutex
+	conns            []net.Conn
+	done             bool
 }
 
 // ListenGate opens the check's socket for checkPort; ctx is cancelled (cause: the hook went away)
@@ -51,26 +53,29 @@ func ListenGate(ctx context.Context, checkPort uint16) (*GateServer, context.Con
 		return nil, ctx, fmt.Errorf("listen on the start gate's socket %s: %w", GateSocket(checkPort), err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	g := &GateServer{ln: ln, cancel: cancel}
-	g.wg.Go(g.accept)
+	g := &GateServer{ln: ln, cancel: cancel, joined: make(chan struct{}), accepted: make(chan struct{})}
+	go g.accept()
 	return g, ctx, nil
 }
 
 func (g *GateServer) accept() {
+	defer close(g.accepted)
 	for {
 		c, err := g.ln.Accept()
 		if err != nil {
 			return
 		}
 		g.mu.Lock()
-		if g.done {
-			g.mu.Unlock()
-			c.Close()
-			continue
+		if len(g.conns) == 0 {
+			close(g.joined)
 		}
 		g.conns = append(g.conns, c)
+		verdict := g.done
 		g.mu.Unlock()
-		g.wg.Go(func() {
+		if verdict {
+			continue // Verdict tells it
+		}
+		go func() {
 			// The hook never writes: a read returns only when it goes away.
 			c.Read(make([]byte, 1))
 			g.mu.Lock()
@@ -79,41 +84,49 @@ func (g *GateServer) accept() {
 			if early {
 				g.cancel(gateAbort)
 			}
-		})
+		}()
 	}
 }
 
-// Verdict tells every connected hook the check's outcome (err nil: passed) and closes the
-// socket (nothing on a nil GateServer: no socket). After a failure it gives the hooks up to linger to read it, so that each reports the
+// Verdict tells the hooks the check's outcome (err nil: passed) and closes the socket (nothing
+// on a nil GateServer: no socket). After a failure it waits up to hookWait for a hook to join
+// when none has — a check that finds no redirect may fail before the kubelet's exec of the hook
+// has begun — and gives the hooks up to a second to read the verdict, so that each reports the
 // check's message before the check's exit ends them.
-func (g *GateServer) Verdict(err error, linger time.Duration) {
+func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 	if g == nil {
 		return
 	}
 	g.mu.Lock()
 	g.done = true
+	g.mu.Unlock()
+	if err != nil {
+		select {
+		case <-g.joined:
+		case <-time.After(hookWait):
+		}
+	}
+	// Take the hooks whose connections wait in the listen queue (closing it would reset them),
+	// then close it: every hook accepted is in conns and gets the verdict.
+	g.ln.(*net.UnixListener).SetDeadline(time.Now().Add(5 * time.Millisecond))
+	<-g.accepted
+	g.ln.Close()
+	g.mu.Lock()
 	conns := g.conns
 	g.mu.Unlock()
-	g.ln.Close()
 	line := "passed\n"
 	if err != nil {
 		line = fmt.Sprintf("failed %d %s\n", Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
 	}
+	linger := time.Second
 	for _, c := range conns {
-		c.SetWriteDeadline(time.Now().Add(linger))
+		c.SetDeadline(time.Now().Add(linger))
 		c.Write([]byte(line))
 	}
-	if err != nil && len(conns) > 0 {
+	if err != nil {
 		// Each hook closes its end once it has read the verdict.
-		deadline := time.Now().Add(linger)
 		for _, c := range conns {
-			c.SetReadDeadline(deadline)
-		}
-		finished := make(chan struct{})
-		go func() { g.wg.Wait(); close(finished) }()
-		select {
-		case <-finished:
-		case <-time.After(linger):
+			c.Read(make([]byte, 1))
 		}
 	}
 	for _, c := range conns {
@@ -167,6 +180,10 @@ func joinGate(ctx context.Context, checkPort uint16, wait time.Duration) <-chan 
 		defer stop()
 		line, err := bufio.NewReader(c).ReadString('\n')
 		switch {
+		case line == "" && errors.Is(err, syscall.ECONNRESET):
+			// The check closed its socket with this connection still in its queue: it had
+			// decided already, as when the socket is gone.
+			ch <- gateVerdict{unjoined: err}
 		case line == "passed\n":
 			ch <- gateVerdict{passed: true}
 		case strings.HasPrefix(line, "failed "):

@@ -547,6 +547,30 @@ func TestIntegrationStartGateHook(t *testing.T) {
 		}
 	})
 
+	// A check that fails at once (here: no route to the sentinel, 44) is over before the
+	// kubelet's exec of the hook has begun: it waits for the hook (--hook-wait) to tell it.
+	t.Run("a hook that comes after the check failed", func(t *testing.T) {
+		noRoute := podNamespaceOf(t, true, false, false)
+		proxy, hook := gatedProxy(t, "echo proxy up; exec sleep 30", 5*time.Second)
+		check := runFolded(ctx, noRoute, proxy)
+		var checkOut strings.Builder
+		check.Stdout, check.Stderr = &checkOut, &checkOut
+		if err := noRoute.Do(check.Start); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		var out strings.Builder
+		h := runHook(t, ctx, noRoute, hook, &out)
+		h.Wait()
+		check.Wait()
+		if code := h.ProcessState.ExitCode(); code != 1 || !strings.Contains(out.String(), "the redirect check at the proxy's start failed (exit 44)") {
+			t.Errorf("the hook exited %d:\n%s", code, out.String())
+		}
+		if code := check.ProcessState.ExitCode(); code != validator.ExitNoRoute {
+			t.Errorf("the check exited %d, want %d:\n%s", code, validator.ExitNoRoute, checkOut.String())
+		}
+	})
+
 	t.Run("a hook that goes away ends the check", func(t *testing.T) {
 		bare := podNamespace(t, false)
 		proxy, hook := gatedProxy(t, "echo proxy up; exec sleep 30", 20*time.Second)

@@ -259,3 +259,32 @@ func TestWaitJoinsTheCheck(t *testing.T) {
 		}
 	})
 }
+
+// A hook that connects while the check passes gets "passed", never an end without a verdict
+// (which fails the hook, and the kubelet would restart a proxy whose check passed).
+func TestGateVerdictReachesEveryHookThatJoined(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		g, _, err := ListenGate(context.Background(), 64105)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		var verdicts []<-chan gateVerdict
+		for i := 0; i < 8; i++ {
+			verdicts = append(verdicts, joinGate(ctx, 64105, 20*time.Millisecond))
+		}
+		time.Sleep(time.Duration(round%4) * time.Millisecond)
+		g.Verdict(nil, 0)
+		for _, ch := range verdicts {
+			select {
+			case v := <-ch:
+				if v.err != nil {
+					t.Fatalf("round %d: a hook got %v", round, v.err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("round %d: a hook got no verdict", round)
+			}
+		}
+		cancel()
+	}
+}

@@ -12,6 +12,7 @@ import (
 // newValidateCommand returns `detour validate`, the injected validator init container.
 func newValidateCommand() *cobra.Command {
 	f := validator.DefaultFlags()
+	var hookWait time.Duration
 	cmd := &cobra.Command{
 		Use:   "validate [flags] [-- COMMAND [ARG...]]",
 		Short: "Prove that this pod's outbound traffic is redirected to the proxy port (init container, or the proxy's start)",
@@ -62,7 +63,7 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 				if abort, ok := validator.Aborted(ctx); ok {
 					err = abort
 				}
-				gate.Verdict(err, time.Second)
+				gate.Verdict(err, hookWait)
 				return &ExitError{Code: validator.Code(err), Err: err}
 			}
 			gate.Verdict(nil, 0)
@@ -84,6 +85,7 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 	fl.StringVar(&f.Sentinel, "sentinel", f.Sentinel, "IPv4 address:port outside the pod to connect to (a documentation address no network routes)")
 	fl.StringVar(&f.Sentinel6, "sentinel6", f.Sentinel6, "IPv6 [address]:port outside the pod to connect to")
 	fl.DurationVar(&f.Timeout, "timeout", f.Timeout, "bound of the whole check")
+	fl.DurationVar(&hookWait, "hook-wait", 0, "at the proxy's start with detour's postStart hook as the start gate (detour wait-proxy): after a failed check, wait up to this long for the hook to join and take the check's message, which the kubelet then shows as the hook's error; 0 tells only a hook that has joined")
 	fl.StringVar(&f.IPv6, "ipv6", f.IPv6, `check IPv6 too: "auto" (when the pod has a global IPv6 address), "always" or "never" ("on" and "off" are deprecated)`)
 	return cmd
 }

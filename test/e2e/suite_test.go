@@ -46,6 +46,8 @@ func TestE2E(t *testing.T) {
 		{"validator/debug-container-captured", validatorDebugContainer},
 		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
 		{"podsecurity/restricted-namespace", podSecurityRestricted},
+		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
+		{"inbound/loopback-stays-local", inboundLoopbackStaysLocal},
 		{"seed003/user-namespaces", seed003UserNamespaces},
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},

@@ -22,6 +22,7 @@ func benchConfig(f iptables.Family) iptables.Config {
 		SkipOutboundPorts: []annotations.PortRange{{First: 25, Last: 25}, {First: 3306, Last: 3306}},
 		ExemptUIDs:        []uint32{1000},
 		ExemptGIDs:        []uint32{2601},
+		InboundListening:  true, // what pods get since detour wrote detour.dev/redirect-inbound
 	}
 }
 
@@ -48,23 +49,31 @@ func BenchmarkApply(b *testing.B) {
 	type run struct {
 		backend  iptables.Backend
 		families []iptables.Family
+		all      bool // every inbound connection redirected, without the socket lookup
 	}
 	var runs []run
 	for _, backend := range []iptables.Backend{iptables.BackendAuto, iptables.BackendLegacy, iptables.BackendNFT, iptables.BackendNFTables} {
 		for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-			runs = append(runs, run{backend, []iptables.Family{f}})
+			runs = append(runs, run{backend, []iptables.Family{f}, false})
 		}
 	}
-	runs = append(runs, run{iptables.BackendNFTables, []iptables.Family{iptables.IPv4, iptables.IPv6}})
+	dual := []iptables.Family{iptables.IPv4, iptables.IPv6}
+	runs = append(runs, run{iptables.BackendNFTables, dual, false}, run{iptables.BackendNFTables, dual, true},
+		run{iptables.BackendLegacy, []iptables.Family{iptables.IPv4}, true})
 	for _, r := range runs {
 		name := string(r.backend) + "-" + r.families[0].String()
 		if len(r.families) > 1 {
 			name = string(r.backend) + "-dual"
 		}
+		if r.all {
+			name += "-inbound-all"
+		}
 		b.Run(name, func(b *testing.B) {
 			var rulesets []iptables.Ruleset
 			for _, f := range r.families {
-				rs, err := iptables.Build(benchConfig(f))
+				c := benchConfig(f)
+				c.InboundListening = !r.all
+				rs, err := iptables.Build(c)
 				if err != nil {
 					b.Fatal(err)
 				}

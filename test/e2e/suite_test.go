@@ -45,6 +45,7 @@ func TestE2E(t *testing.T) {
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"validator/debug-container-captured", validatorDebugContainer},
 		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
+		{"validator/hook-gate-fails-closed", validatorHookGateFailsClosed},
 		{"podsecurity/restricted-namespace", podSecurityRestricted},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"inbound/loopback-stays-local", inboundLoopbackStaysLocal},

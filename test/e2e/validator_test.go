@@ -3,6 +3,8 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 
 	"github.com/detourmesh/detour/annotations"
@@ -150,6 +153,99 @@ func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context,
 		t.Fatal(err)
 	}
 	waitDryRunValidator(t, ctx, e, annotations.ValidatorImageVolume)
+}
+
+// validatorHookGateFailsClosed (issue 36, seed 000): with detour's postStart hook as the proxy's
+// start gate (detour.dev/proxy-start-gate: hook; the proxy has no startup probe, so nothing but
+// the hook holds the pod's next containers), a pod whose redirect is missing — the node lost
+// detour's CNI configuration — never runs its init container nor its app: the check exits 42,
+// the hook fails with the check's message, and the kubelet starts the proxy again, and again,
+// without starting anything after it. Once the node is whole, a new pod passes the gate and is
+// captured.
+func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "hookgate", true)
+	defer e.DropNamespaces(t, ctx, "hookgate")
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"hook"}}}`, annotations.ProxyStartGate)
+	if _, err := e.Node.Client.CoreV1().Namespaces().Patch(ctx, "hookgate", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The node loses detour's configuration (as in seed000/repair-after-the-node-broke): new
+	// sandboxes get no rules.
+	e.SetAgent(t, ctx, false)
+	restored := false
+	defer func() {
+		if !restored {
+			e.SetAgent(t, ctx, true)
+		}
+	}()
+	if err := os.RemoveAll(filepath.Dir(e.DropInPath())); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Node.WritePrimaryConfig(); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.Node.Client.CoreV1().Pods("hookgate")
+	if _, err := pods.Create(ctx, e.Pod("gated", "hookgate"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var p *corev1.Pod
+	framework.WaitFor(t, ctx, "the check to fail twice (42) behind the hook", 2*time.Minute, func() (bool, error) {
+		var err error
+		if p, err = pods.Get(ctx, "gated", metav1.GetOptions{}); err != nil {
+			return false, err
+		}
+		restarts := int32(0)
+		for _, s := range p.Status.InitContainerStatuses {
+			if s.Name == annotations.ProxyContainer {
+				restarts = s.RestartCount
+			}
+		}
+		return framework.CheckExit(p) == 42 && restarts >= 2, framework.Seen("check exit %d, proxy restarts %d: %s", framework.CheckExit(p), restarts, framework.ContainerStates(p))
+	})
+	proxy := p.Spec.InitContainers[0]
+	if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
+		proxy.Lifecycle.PostStart.Exec == nil || !slices.Equal(proxy.Lifecycle.PostStart.Exec.Command[:2], []string{inject.ValidatorBinary, "wait-proxy"}) {
+		t.Fatalf("first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy alone", proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
+	}
+	// Fail closed: nothing after the proxy ever ran, through three runs of the failing check.
+	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		if s.Name != annotations.ProxyContainer && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil) {
+			t.Errorf("container %s ran although the proxy's check found no redirect: %s", s.Name, framework.ContainerStates(p))
+		}
+	}
+	// What the user sees: the hook's failure event, and the check's reason in the kubelet's
+	// record of the hook's error.
+	events, err := e.Node.Client.CoreV1().Events("hookgate").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gated"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(events.Items, func(ev corev1.Event) bool { return ev.Reason == "FailedPostStartHook" }) {
+		t.Errorf("no FailedPostStartHook event among %d events of the pod", len(events.Items))
+	}
+	kubelet, err := os.ReadFile(filepath.Join(e.Node.Dir, "logs", "kubelet.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !lineWith(string(kubelet), "Exec lifecycle hook", "hookgate/gated", "the redirect check at the proxy's start failed (exit 42)", "no redirect") {
+		t.Errorf("the kubelet's log does not show the hook failing with the check's message")
+	}
+	t.Logf("the gated pod: %s", framework.ContainerStates(p))
+
+	// The node whole again: a new pod passes the gate and its traffic is captured.
+	e.SetAgent(t, ctx, true)
+	restored = true
+	e.WaitDetourConfigs(t, ctx, "the agent to put detour's configuration back", e.DropInPath())
+	if err := pods.Delete(ctx, "gated", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pods.Create(ctx, e.Pod("passed", "hookgate"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ready := e.WaitReady(t, ctx, "hookgate", "name=passed", 1)[0]
+	if code := framework.CheckExit(&ready); code != 0 || ready.Spec.InitContainers[0].Lifecycle == nil {
+		t.Errorf("the new pod: check exit %d, proxy lifecycle %+v; want 0 behind the hook", code, ready.Spec.InitContainers[0].Lifecycle)
+	}
+	e.AssertCaptured(t, ctx, ready, "passed")
 }
 
 // waitDryRunValidator waits until a pod created in namespace fold (dry run: nothing is stored or

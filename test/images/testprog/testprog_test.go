@@ -267,3 +267,31 @@ func TestProxyReadyAndDirectConnections(t *testing.T) {
 		t.Fatal("the proxy did not stop")
 	}
 }
+
+// dial -every dials again at its interval until the context ends, a line per dial, and a
+// failed dial does not end it.
+func TestWorkloadDialEvery(t *testing.T) {
+	t.Setenv("HOSTNAME", "pod-a")
+	srv, _ := startWorkload(t, "serve", "-listen", "127.0.0.1:0")
+	addr := waitFor(t, srv, `serve pod-a listening on (\S+)`)
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	var out bytes.Buffer
+	if err := Workload(ctx, []string{"dial", "-addr", addr, "-every", "50ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if ok := strings.Count(out.String(), "dial "+addr+" ok: pod-a uid="); ok < 3 || strings.Contains(out.String(), "failed") {
+		t.Errorf("%d dials ok in 500ms at 50ms, want several and no failure; output %q", ok, out.String())
+	}
+
+	gone := freeAddr(t)
+	ctx, cancel = context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	out.Reset()
+	if err := Workload(ctx, []string{"dial", "-addr", gone, "-every", "50ms", "-timeout", "100ms"}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if failed := strings.Count(out.String(), "dial "+gone+" failed: "); failed < 2 {
+		t.Errorf("%d failed dials to nothing, want a line for each; output %q", failed, out.String())
+	}
+}

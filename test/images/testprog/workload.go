@@ -66,8 +66,9 @@ const workloadUsage = `usage: workload STEP [then STEP]...
                                   answer each connection with one line (name, identity, addresses);
                                   with -sink, then read until the client's EOF and answer
                                   "received N bytes"
-  dial -addr H:P [-must] [-retry D] [-timeout D]
-                                  connect and print the line the server sends
+  dial -addr H:P [-must] [-retry D] [-timeout D] [-every D]
+                                  connect and print the line the server sends; with -every,
+                                  again at that interval until stopped, a line per dial
   load -addr H:P [-conns N] [-bytes N]
                                   against serve -sink: N connections one after another, each
                                   timed from connect to the server's line (p50, p99), then one
@@ -100,6 +101,7 @@ func workloadStep(ctx context.Context, args []string, stdout io.Writer) (func() 
 		must := fs.Bool("must", false, "fail the chain (exit 1) when the dial fails")
 		retry := fs.Duration("retry", 0, "keep trying for this long")
 		timeout := fs.Duration("timeout", 5*time.Second, "time for one attempt (connect and read a line)")
+		every := fs.Duration("every", 0, "after the first dial, dial again at this interval until stopped")
 		run = func() error {
 			line, err := dialRetry(ctx, *addr, *retry, *timeout)
 			if err != nil {
@@ -107,9 +109,23 @@ func workloadStep(ctx context.Context, args []string, stdout io.Writer) (func() 
 				if *must && ctx.Err() == nil {
 					return fmt.Errorf("dial %s failed: %w", *addr, err)
 				}
-				return nil
+			} else {
+				fmt.Fprintf(stdout, "dial %s ok: %s\n", *addr, line)
 			}
-			fmt.Fprintf(stdout, "dial %s ok: %s\n", *addr, line)
+			for *every > 0 {
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(*every):
+				}
+				if line, err := dialLine(ctx, *addr, *timeout); err != nil {
+					if ctx.Err() == nil {
+						fmt.Fprintf(stdout, "dial %s failed: %v\n", *addr, err)
+					}
+				} else {
+					fmt.Fprintf(stdout, "dial %s ok: %s\n", *addr, line)
+				}
+			}
 			return nil
 		}
 	case "id":

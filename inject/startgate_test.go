@@ -140,7 +140,7 @@ func TestMutateStartGateChoices(t *testing.T) {
 		want        annotations.StartGateValue
 		warning     string
 	}{
-		{name: "auto keeps the probe until the hook is measured faster", gate: "", probe: tcpProbe, in: folded, want: autoStartGate},
+		{name: "auto is the hook where it can be had", gate: "", probe: tcpProbe, in: folded, want: annotations.StartGateHook},
 		{name: "probe", gate: "probe", probe: tcpProbe, in: folded, want: annotations.StartGateProbe},
 		{name: "hook", gate: "hook", probe: tcpProbe, in: folded, want: annotations.StartGateHook},
 		{name: "the pod asks for the hook", gate: "probe", probe: tcpProbe, ann: []string{annotations.ProxyStartGate, "hook"}, in: folded, want: annotations.StartGateHook},

@@ -69,13 +69,15 @@ func validatorFailure(p *corev1.Pod) (int32, string, bool) {
 }
 
 // validatorPassed returns the container ID of the check's run that passed, in the pod's current
-// sandbox: the validator container that exited 0, or the proxy that started after its check.
+// sandbox: the validator container that exited 0, or the proxy that started after its check
+// (validator.ProxyPassed: with detour's postStart hook as the start gate, Started alone is no
+// proof).
 func validatorPassed(p *corev1.Pod) (string, bool) {
 	for _, st := range p.Status.InitContainerStatuses {
 		switch {
 		case st.Name == annotations.ValidatorContainer && !framework.ChecksAtProxyStart(p) && st.State.Terminated != nil && st.State.Terminated.ExitCode == 0:
 			return st.State.Terminated.ContainerID, st.State.Terminated.ContainerID != ""
-		case st.Name == annotations.ProxyContainer && framework.ChecksAtProxyStart(p) && st.State.Running != nil && st.Started != nil && *st.Started:
+		case st.Name == annotations.ProxyContainer && framework.ChecksAtProxyStart(p) && st.State.Running != nil && validator.ProxyPassed(p):
 			return st.ContainerID, st.ContainerID != ""
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/detourmesh/detour/internal/fsutil"
 )
@@ -321,5 +322,26 @@ serializeImagePulls: false
 clusterDNS: [%[9]q]
 clusterDomain: cluster.local
 `, n.containerdSocket(), n.Cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
-		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), dnsIP)
+		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), dnsIP) + kubeletFeatureGates()
+}
+
+// KubeletFeatureGatesEnv names extra feature gates for every kubelet the e2e starts,
+// "Name=true,Other=false": DETOUR_E2E_KUBELET_FEATURE_GATES=EventedPLEG=true measures the pod
+// start benchmark with the kubelet's evented PLEG (docs/benchmarks.md).
+const KubeletFeatureGatesEnv = "DETOUR_E2E_KUBELET_FEATURE_GATES"
+
+// kubeletFeatureGates is the featureGates section of the kubelet's configuration from
+// KubeletFeatureGatesEnv, or "" when it is unset. A malformed entry is written as it is, and the
+// kubelet refuses to start with a message that names it.
+func kubeletFeatureGates() string {
+	v := strings.TrimSpace(os.Getenv(KubeletFeatureGatesEnv))
+	if v == "" {
+		return ""
+	}
+	out := "featureGates:\n"
+	for _, g := range strings.Split(v, ",") {
+		name, value, _ := strings.Cut(strings.TrimSpace(g), "=")
+		out += fmt.Sprintf("  %s: %s\n", strings.TrimSpace(name), strings.TrimSpace(value))
+	}
+	return out
 }

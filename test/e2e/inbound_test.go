@@ -3,6 +3,9 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
@@ -104,33 +108,85 @@ func bindTime(t *testing.T, ctx context.Context, e *framework.Env, ns, pod strin
 	return time.Time{}
 }
 
-// inboundLoopbackStaysLocal: a port the app binds on 127.0.0.1 only is refused from another
-// pod, and still served to the app's own process.
-func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.Env) {
-	e.Namespace(t, ctx, "inbound-local", true)
-	p := e.Pod("local", "inbound-local")
-	p.Spec.Containers[0].Args = []string{"serve", "-name", "admin", "-listen", "127.0.0.1:9090"}
-	p.Spec.Containers[0].ReadinessProbe = nil
+// inboundEveryBackend: the plugin's inbound rule holds with every backend the node can use —
+// nftables (auto's choice), iptables-legacy and iptables-nft, each set through the chart: a port
+// the app binds on 127.0.0.1 only is refused from another pod and still served to the app's own
+// process, a port it listens on everywhere reaches the proxy, and the pod's live rules carry the
+// socket lookup of that backend.
+func inboundEveryBackend(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "inbound-client", false)
+	for _, b := range []struct {
+		backend iptables.Backend
+		rule    string // what the pod's live rules hold
+	}{
+		{iptables.BackendAuto, "socket wildcard 0 redirect to :4143"},
+		{iptables.BackendLegacy, "-m socket --nowildcard"},
+		{iptables.BackendNFT, "-m socket --nowildcard"},
+	} {
+		t.Run(string(b.backend), func(t *testing.T) {
+			if b.backend != iptables.BackendAuto {
+				e.InstallDetour(t, ctx, "nodeAgent: {plugin: {iptablesBackend: "+string(b.backend)+"}}\n")
+				waitPluginBackend(t, ctx, e, b.backend)
+			}
+			inboundLoopbackStaysLocal(t, ctx, e, "inbound-"+string(b.backend), b.backend, b.rule)
+		})
+	}
+	e.InstallDetour(t, ctx, "")
+	waitPluginBackend(t, ctx, e, iptables.BackendAuto)
+}
+
+// waitPluginBackend waits until detour-cni's configuration on the node names backend.
+func waitPluginBackend(t *testing.T, ctx context.Context, e *framework.Env, backend iptables.Backend) {
+	t.Helper()
+	framework.WaitFor(t, ctx, "the node agent to configure the plugin's backend "+string(backend), 2*time.Minute, func() (bool, error) {
+		files, err := e.DetourConfigs()
+		if err != nil {
+			return false, err
+		}
+		for _, f := range files {
+			if strings.Contains(framework.ReadFile(f), `"iptablesBackend": "`+string(backend)+`"`) {
+				return true, nil
+			}
+		}
+		return false, framework.Seen("detour's configuration in %v", files)
+	})
+}
+
+// inboundLoopbackStaysLocal runs a pod in ns whose app listens on :8080 and whose admin
+// container binds 127.0.0.1:9090, and checks with the plugin's backend that the loopback port is refused from another pod
+// and served to the app's own process, that :8080 is captured, and that the pod's rules hold
+// rule.
+func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.Env, ns string, backend iptables.Backend, rule string) {
+	e.Namespace(t, ctx, ns, true)
+	p := e.Pod("local", ns)
 	app := p.Spec.Containers[0]
 	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{
+		Name: "admin", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
+		Args:            []string{"serve", "-name", "admin", "-listen", "127.0.0.1:9090"},
+		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
+	}, corev1.Container{
 		Name: "self", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
 		Args:            []string{"dial", "-must", "-retry", "30s", "-addr", "127.0.0.1:9090", "then", "sleep"},
 		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
 	})
-	if _, err := e.Node.Client.CoreV1().Pods("inbound-local").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	server := e.WaitReady(t, ctx, "inbound-local", "name=local", 1)[0]
+	server := e.WaitReady(t, ctx, ns, "name=local", 1)[0]
 	framework.WaitFor(t, ctx, "the app's own process to reach its loopback port", time.Minute, func() (bool, error) {
-		log := e.Logs(ctx, "inbound-local", "local", "self")
+		log := e.Logs(ctx, ns, "local", "self")
 		return strings.Contains(log, "dial 127.0.0.1:9090 ok: admin"), framework.Seen("%s", log)
 	})
+	e.AssertCaptured(t, ctx, server, "local")
+	if saved := podRules(t, ctx, &server, backend); !strings.Contains(saved, rule) {
+		t.Errorf("the pod's live rules (%s backend) lack %q:\n%s", backend, rule, saved)
+	}
 
 	// A client outside the mesh, so that the refusal it sees is the server pod's kernel's, not
 	// its own proxy closing a connection it accepted.
-	e.Namespace(t, ctx, "inbound-client", false)
+	name := "client-" + string(backend)
 	client := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: "inbound-client"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "inbound-client"},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
 			Containers: []corev1.Container{{Name: "dial", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
@@ -141,13 +197,47 @@ func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.E
 		t.Fatal(err)
 	}
 	framework.WaitFor(t, ctx, "the client to finish", 2*time.Minute, func() (bool, error) {
-		c, err := e.Node.Client.CoreV1().Pods("inbound-client").Get(ctx, "client", metav1.GetOptions{})
+		c, err := e.Node.Client.CoreV1().Pods("inbound-client").Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		return c.Status.Phase == corev1.PodSucceeded || c.Status.Phase == corev1.PodFailed, framework.Seen("%s", c.Status.Phase)
 	})
-	if log := e.Logs(ctx, "inbound-client", "client", "dial"); !strings.Contains(log, "connection refused") {
+	if log := e.Logs(ctx, "inbound-client", name, "dial"); !strings.Contains(log, "connection refused") {
 		t.Errorf("a client in another pod dialled %s:9090, bound on 127.0.0.1 only: %q, want connection refused", server.Status.PodIP, log)
 	}
+}
+
+// podRules is the pod's live nat rules (IPv4) as the backend prints them, read from the host
+// through the network namespace of one of the pod's processes.
+func podRules(t *testing.T, ctx context.Context, p *corev1.Pod, backend iptables.Backend) string {
+	t.Helper()
+	pid := podProcess(t, p)
+	saved, _, err := iptables.NewExecutor(iptables.WithBackend(backend)).Save(ctx, fmt.Sprintf("/proc/%d/ns/net", pid), iptables.IPv4)
+	if err != nil {
+		t.Fatalf("read the rules of pod %s: %v", p.Name, err)
+	}
+	return saved
+}
+
+// podProcess finds a process of pod p on this machine: one whose cgroup is the pod's (the
+// kubelet's cgroupfs driver names it pod<UID>).
+func podProcess(t *testing.T, p *corev1.Pod) int {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "pod" + string(p.UID)
+	for _, d := range entries {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		if cg, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cgroup")); err == nil && strings.Contains(string(cg), want) {
+			return pid
+		}
+	}
+	t.Fatalf("no process of pod %s (cgroup %s) on this machine", p.Name, want)
+	return 0
 }

@@ -48,7 +48,7 @@ func TestE2E(t *testing.T) {
 		{"validator/hook-gate-fails-closed", validatorHookGateFailsClosed},
 		{"podsecurity/restricted-namespace", podSecurityRestricted},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
-		{"inbound/loopback-stays-local", inboundLoopbackStaysLocal},
+		{"inbound/every-backend", inboundEveryBackend},
 		{"seed003/user-namespaces", seed003UserNamespaces},
 		{"seed002/no-nsenter-on-the-runtime-path", seed002NoNsenter},
 		{"runtime/annotations-from-the-runtime", runtimeAnnotations},

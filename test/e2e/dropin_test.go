@@ -25,6 +25,27 @@ import (
 // drop-in and once with the in-file entry (a helm upgrade to cniConfigMode chained-entry and
 // back, each leaving exactly one detour configuration on the node).
 func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *framework.Env) {
+	dropInSurvivesARewrite(t, ctx, e)
+
+	dropIn := churn(t, ctx, e, "churn-dropin")
+	if dropIn.failed != 0 {
+		t.Errorf("with the drop-in, %d of %d pods started without rules during %d rewrites of the conflist", dropIn.failed, dropIn.pods, dropIn.rewrites)
+	}
+
+	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	e.WaitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.Node.PrimaryConfigPath())
+	inFile := churn(t, ctx, e, "churn-entry")
+
+	e.InstallDetour(t, ctx, "")
+	e.WaitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.DropInPath())
+	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist)",
+		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites)
+}
+
+// dropInSurvivesARewrite: the agent's auto mode puts detour's drop-in in place and nothing in
+// the primary's conflist; the primary rewrites its conflist with the agent away, and a new
+// injected pod (dropin/rewritten) still gets its redirect. The agent is back when it returns.
+func dropInSurvivesARewrite(t *testing.T, ctx context.Context, e *framework.Env) {
 	e.WaitDetourConfigs(t, ctx, "auto to put detour's drop-in in place, and nothing in the conflist", e.DropInPath())
 	if log := e.AgentLog(t, ctx); !strings.Contains(log, "mode=drop-in") || !strings.Contains(log, "containerd") || !strings.Contains(log, "loads drop-ins") {
 		t.Errorf("the agent's log does not say it chose drop-in because containerd loads drop-ins:\n%s", framework.Tail(log, 20))
@@ -47,20 +68,6 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *framework.Env)
 	}
 	e.AssertCaptured(t, ctx, p, "rewritten")
 	e.SetAgent(t, ctx, true)
-
-	dropIn := churn(t, ctx, e, "churn-dropin")
-	if dropIn.failed != 0 {
-		t.Errorf("with the drop-in, %d of %d pods started without rules during %d rewrites of the conflist", dropIn.failed, dropIn.pods, dropIn.rewrites)
-	}
-
-	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
-	e.WaitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.Node.PrimaryConfigPath())
-	inFile := churn(t, ctx, e, "churn-entry")
-
-	e.InstallDetour(t, ctx, "")
-	e.WaitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.DropInPath())
-	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist)",
-		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites)
 }
 
 type churnResult struct{ pods, failed, rewrites int }

@@ -49,15 +49,16 @@ func seed000Repair(t *testing.T, ctx context.Context, e *framework.Env) {
 		}
 		return len(failed) == 2, framework.Seen("validators failed with 42: %v; pods:\n%s", failed, e.Describe(ctx, "late"))
 	})
-	// Caught at the proxy's start (validator.mode auto): the sidecar exited with the validator's
-	// code and message, and the app never ran (fail closed).
+	// Caught where validator.mode auto puts the check on this release (at the proxy's start on
+	// 1.35 and later: the sidecar exited with the validator's code and message), and the app
+	// never ran (fail closed).
 	pods, err := e.Pods(ctx, "late", "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range pods {
-		if !framework.ChecksAtProxyStart(&p) {
-			t.Errorf("pod %s: the check ran in %s, want the proxy's start", p.Name, validator.CheckContainer(&p))
+		if want := autoChecksAtProxyStart(e); framework.ChecksAtProxyStart(&p) != want {
+			t.Errorf("pod %s: the check ran in %s, want %s", p.Name, validator.CheckContainer(&p), checkPlace(want))
 		}
 		for _, c := range p.Status.ContainerStatuses {
 			if c.State.Running != nil || c.State.Terminated != nil || c.LastTerminationState.Terminated != nil {

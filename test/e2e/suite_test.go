@@ -66,6 +66,7 @@ func TestE2E(t *testing.T) {
 		{"conformance/smoke", conformanceSmoke},
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
+		{"upgrade/from-the-previous-release", upgradeSmoke},
 	}
 	for _, s := range stories {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e) }) && ctx.Err() != nil {

@@ -101,6 +101,9 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
+	if !n.kubeProxy() {
+		return n, nil
+	}
 	return n, n.StartComponent(ctx, "kube-proxy")
 }
 

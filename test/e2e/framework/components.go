@@ -24,7 +24,7 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls", "http://127.0.0.1:2380",
 			"--initial-cluster", "e2e=http://127.0.0.1:2380", "--unsafe-no-fsync", "--log-level", "warn"}
 	case "kube-apiserver":
-		argv = []string{n.Bin("kube-apiserver"),
+		argv = []string{n.kubeBin("kube-apiserver"),
 			"--etcd-servers", "http://127.0.0.1:2379",
 			"--bind-address", "0.0.0.0", "--secure-port", fmt.Sprint(APIPort), "--advertise-address", NodeIP.String(),
 			"--service-cluster-ip-range", serviceCIDR,
@@ -48,7 +48,7 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--audit-log-path", n.AuditLogPath(), "--audit-log-format", "json",
 			"--profiling=false"}
 	case "kube-controller-manager":
-		argv = []string{n.Bin("kube-controller-manager"),
+		argv = []string{n.kubeBin("kube-controller-manager"),
 			"--kubeconfig", pki("kube-controller-manager.kubeconfig"),
 			"--authentication-kubeconfig", pki("kube-controller-manager.kubeconfig"),
 			"--authorization-kubeconfig", pki("kube-controller-manager.kubeconfig"),
@@ -64,7 +64,7 @@ func (n *Node) command(name string) (argv, env []string) {
 				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
 		}
 	case "kube-scheduler":
-		argv = []string{n.Bin("kube-scheduler"),
+		argv = []string{n.kubeBin("kube-scheduler"),
 			"--kubeconfig", pki("kube-scheduler.kubeconfig"),
 			"--authentication-kubeconfig", pki("kube-scheduler.kubeconfig"),
 			"--authorization-kubeconfig", pki("kube-scheduler.kubeconfig"),
@@ -73,7 +73,7 @@ func (n *Node) command(name string) (argv, env []string) {
 		argv = []string{n.Bin("containerd"), "--config", filepath.Join(n.Dir, "containerd.toml")}
 		env = []string{"PATH=" + n.RuntimePath(), "HOME=" + n.Dir}
 	case "kubelet":
-		argv = []string{n.Bin("kubelet"),
+		argv = []string{n.kubeBin("kubelet"),
 			"--config", filepath.Join(n.Dir, "kubelet.yaml"),
 			"--kubeconfig", pki(n.kubeletPKI() + ".kubeconfig"),
 			"--root-dir", filepath.Join(n.Dir, "kubelet"),
@@ -87,7 +87,7 @@ func (n *Node) command(name string) (argv, env []string) {
 	case "kube-proxy":
 		// nftables mode, as a cluster built today would choose. The conntrack table's size is
 		// machine-wide, not the node's: left as it is.
-		argv = []string{n.Bin("kube-proxy"),
+		argv = []string{n.kubeBin("kube-proxy"),
 			"--kubeconfig", pki("kube-proxy.kubeconfig"), "--hostname-override", n.Name,
 			"--proxy-mode", "nftables", "--cluster-cidr", ClusterCIDR.String(),
 			"--conntrack-max-per-core", "0", "--conntrack-min", "0",

@@ -24,15 +24,22 @@ import (
 // ([Env.SetAgent]).
 func (e *Env) InstallDetour(t testing.TB, ctx context.Context, extra string) {
 	t.Helper()
+	e.helmInstall(t, ctx, e.img, extra)
+}
+
+// helmInstall installs or upgrades detour's release from img's chart with the e2e values for
+// img's images and extra over them, and waits for the webhook.
+func (e *Env) helmInstall(t testing.TB, ctx context.Context, img imageSet, extra string) {
+	t.Helper()
 	values := filepath.Join(e.Node.Dir, "values.yaml")
-	if err := os.WriteFile(values, []byte(e.values()), 0o644); err != nil {
+	if err := os.WriteFile(values, []byte(e.values(img)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	extraPath := filepath.Join(e.Node.Dir, "values-extra.yaml")
 	if err := os.WriteFile(extraPath, []byte(extra), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	args := append(append([]string{"upgrade", "--install", "detour"}, e.img.chart...),
+	args := append(append([]string{"upgrade", "--install", "detour"}, img.chart...),
 		"--namespace", DetourNamespace, "--create-namespace", "--values", values, "--values", extraPath, "--wait", "--timeout", "4m")
 	out, err := e.Node.Helm(ctx, args...)
 	if err != nil {
@@ -44,9 +51,9 @@ func (e *Env) InstallDetour(t testing.TB, ctx context.Context, extra string) {
 // AgentLabel=yes.
 const AgentLabel = "e2e.detour.dev/agent"
 
-// values are the chart values the e2e installs with: detour's image as built, the test proxy,
+// values are the chart values the e2e installs with: detour's image of img, the test proxy,
 // the node's CNI directories, the plugin's log where the test reads it.
-func (e *Env) values() string {
+func (e *Env) values(img imageSet) string {
 	return fmt.Sprintf(`createNamespace: false
 image:
   repository: %[1]s
@@ -79,7 +86,7 @@ nodeAgent:
   repair:
     rate: 5
     burst: 5
-`, e.img.repo, e.img.tag, e.img.pull, e.img.refs.Proxy, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath())
+`, img.repo, img.tag, img.pull, img.refs.Proxy, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath())
 }
 
 // importedImages are the images as the node imported them and the chart's directory.

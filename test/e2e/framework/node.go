@@ -61,12 +61,21 @@ type Options struct {
 	// cluster's primary CNI (flannel.go), not the bridge conflist the test writes. The nodes
 	// that join take the control-plane node's choice.
 	FlannelImage string
-	// Cilium, when set, makes Cilium the cluster's primary CNI (cilium.go): cilium-agent runs on
-	// every node and writes its conflist. The nodes that join take the control-plane node's choice.
-	Cilium bool
+	// Cilium, when set, makes Cilium the cluster's primary CNI (cilium.go), installed from its
+	// chart with this configuration: cilium-agent runs on every node and writes its conflist.
+	// With kube-proxy replacement, no node runs kube-proxy. The nodes that join take the
+	// control-plane node's choice.
+	Cilium *CiliumConfig
 	// DNSImage, when set, is CoreDNS's image (DNSImage; already in one of Images): the
 	// control-plane node deploys it as the cluster's DNS, kube-dns.
 	DNSImage string
+	// Kubernetes, when set, is the Kubernetes release ("v1.34.4") of the control plane,
+	// kube-proxy and the kubelet, as hack/kubernetes-versions.sh built it (versions.go); else
+	// hack/test-binaries.sh's. The nodes that join take the control-plane node's.
+	Kubernetes string
+	// Kubelet, when set, is the release of this node's kubelet alone: a node that lags its
+	// control plane (versions.go).
+	Kubelet string
 }
 
 // Node is one Kubernetes node with its control plane: etcd, kube-apiserver,
@@ -111,6 +120,8 @@ type Node struct {
 	mayExit map[string]bool
 	// joined are the nodes that joined this control-plane node and have not left, by name.
 	joined map[string]*Node
+	// kubelet is the kubelet's release since [Node.ReplaceKubelet] swapped it ("": Options').
+	kubelet string
 }
 
 // Start brings a node up; Stop tears it down. Nothing it does outlives Stop on the host: its
@@ -144,6 +155,9 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 			n = nil
 		}
 	}()
+	if err := n.checkKubernetesBinaries(); err != nil {
+		return n, err
+	}
 	if err := createCgroup(name); err != nil {
 		return n, err
 	}
@@ -176,16 +190,20 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 			return n, err
 		}
 	}
-	if opts.Cilium {
-		if err := n.installCiliumCRDs(ctx); err != nil {
+	if opts.Cilium != nil {
+		c := *opts.Cilium
+		n.opts.Cilium = &c
+		if err := n.applyCilium(ctx, c, true); err != nil {
 			return n, err
 		}
 	}
 	if err := n.startKubelet(ctx); err != nil {
 		return n, err
 	}
-	if err := n.StartComponent(ctx, "kube-proxy"); err != nil {
-		return n, err
+	if n.kubeProxy() {
+		if err := n.StartComponent(ctx, "kube-proxy"); err != nil {
+			return n, err
+		}
 	}
 	if err := n.WaitServiceAccount(ctx, metav1.NamespaceDefault); err != nil {
 		return n, err
@@ -206,7 +224,7 @@ func (n *Node) startKubelet(ctx context.Context) error {
 		}
 	}
 	if n.cilium() {
-		if err := n.launchCilium(); err != nil {
+		if err := n.launchCilium(ctx); err != nil {
 			return err
 		}
 	}

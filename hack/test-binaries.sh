@@ -148,9 +148,21 @@ build_rootfs() {
 # sources (bpf/, which the agent compiles with clang at start, as /var/lib/cilium/bpf in
 # Cilium's image) and the CRDs (crds/, which Cilium's operator would install). It builds from
 # the unpacked module with a copy of the module's go.mod (-modfile) that takes the replaces of
-# hack/tools/cilium/go.mod.
+# hack/tools/cilium/go.mod. Cilium's Helm chart (chart/, install/kubernetes/cilium of the
+# module) goes beside them too, also into a directory built before it was added: the e2e
+# renders the agent's ConfigMap and RBAC from it.
 build_cilium() {
 	local out="$bin/cilium-$cilium"
+	if [ -d "$out" ] && [ ! -d "$out/chart" ]; then
+		local dir tmp
+		dir=$(cd "$root/hack/tools/cilium" && go mod download -json github.com/cilium/cilium | jq -r .Dir) ||
+			{ echo "test-binaries: cannot download github.com/cilium/cilium $cilium" >&2; return 1; }
+		tmp=$(mktemp -d "$out/.chart.XXXXXX")
+		cp -r "$dir/install/kubernetes/cilium/." "$tmp/"
+		chmod -R u+w "$tmp"
+		chmod 755 "$tmp"
+		mv "$tmp" "$out/chart"
+	fi
 	if [ ! -d "$out" ]; then
 		echo "test-binaries: building cilium-agent and cilium-cni $cilium from github.com/cilium/cilium (cached afterwards in $bin)" >&2
 		local start=$SECONDS info dir time tmp r
@@ -171,6 +183,7 @@ build_cilium() {
 			./daemon ./plugins/cilium-cni) || { rm -rf "$tmp"; return 1; }
 		mv "$tmp/daemon" "$tmp/cilium-agent"
 		cp -r "$dir/bpf" "$tmp/bpf"
+		cp -r "$dir/install/kubernetes/cilium" "$tmp/chart"
 		mkdir "$tmp/crds"
 		cp "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2/*.yaml "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2alpha1/*.yaml "$tmp/crds/"
 		rm -f "$tmp/cilium.mod" "$tmp/cilium.sum"

@@ -166,7 +166,7 @@ func New(client kubernetes.Interface, opts ...Option) *Checker {
 // section "check-cluster: NAME" for each.
 var CheckNames = []string{
 	"kubernetes-api", "detour-namespace", "webhook-config", "webhook-endpoints", "webhook-certificate",
-	"webhook-admission", "webhook-deployment", "node-agent", "startup-taint", "ready-label", "opted-in-namespaces",
+	"webhook-admission", "webhook-deployment", "node-agent", "startup-taint", "ready-label", "primary-cni", "opted-in-namespaces",
 	"uninjected-pods", "validator-mode", "validator", "repair", "version-skew",
 }
 
@@ -203,6 +203,7 @@ func (c *Checker) Run(ctx context.Context) Report {
 	r.add(c.checkNodeAgent(s))
 	r.add(c.checkStartupTaint(s))
 	r.add(c.checkReadyLabel(s))
+	r.add(c.checkPrimaryCNI(ctx, s))
 	r.add(c.checkNamespaces(s))
 	r.add(c.checkUninjected(s))
 	r.add(c.checkValidatorMode(ctx, s))

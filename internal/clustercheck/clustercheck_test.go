@@ -265,6 +265,7 @@ func TestCheckCluster(t *testing.T) {
 			"node-agent":          {OK, "ready on every node it runs on (2)"},
 			"startup-taint":       {OK, "no node carries the startup taint detour.dev/cni-not-ready"},
 			"ready-label":         {OK, "carries detour.dev/cni-ready=true"},
+			"primary-cni":         {OK, "no Cilium configuration (ConfigMap cilium-config) in the cluster"},
 			"opted-in-namespaces": {OK, "1 namespace opted in (shop); 1 injected pod"},
 			"uninjected-pods":     {OK, "every pod of an opted-in namespace is injected"},
 			"validator-mode":      {OK, "the validator's check runs as the detour-validator init container: proxy.command is not set"},
@@ -272,6 +273,67 @@ func TestCheckCluster(t *testing.T) {
 			"repair":              {OK, "no pod in the last 1h0m0s"},
 			"version-skew":        {OK, "webhook, node agent (install-cni), node agent (repair), validator run one image, " + image},
 		}},
+		{name: "Cilium as its chart installs it", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"cni-exclusive": "true", "kube-proxy-replacement": "false", "bpf-lb-sock": "false"}))
+			for _, n := range f.nodes {
+				n.Status.NodeInfo = nodeInfo("v1.37.2")
+			}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {OK, "Cilium (ConfigMap kube-system/cilium-config): no socket load balancing; cni.exclusive is on, and detour's drop-in, which Cilium leaves alone, is the form on every node (2)"}}},
+		{name: "Cilium, exclusive, runtimes without drop-ins", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"cni-exclusive": "true"}))
+			f.nodes[0].Status.NodeInfo = nodeInfo("v1.37.2")
+			f.nodes[1].Status.NodeInfo = corev1.NodeSystemInfo{ContainerRuntimeVersion: "containerd://1.7.27"}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {Error, "cni.exclusive is on and detour's configuration is an entry in Cilium's conflist on 1 node (node-b)"}}},
+		{name: "Cilium, exclusive, chained-entry", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"cni-exclusive": "true"}))
+			f.ds.Spec.Template.Spec.Containers[0].Args = append(f.ds.Spec.Template.Spec.Containers[0].Args, "--cni-config-mode=chained-entry")
+			for _, n := range f.nodes {
+				n.Status.NodeInfo = nodeInfo("v1.37.2")
+			}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {Error, "an entry in Cilium's conflist on 2 nodes (node-a, node-b)"}}},
+		{name: "Cilium, exclusive off, in-file entry", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"cni-exclusive": "false"}))
+			f.ds.Spec.Template.Spec.Containers[0].Args = append(f.ds.Spec.Template.Spec.Containers[0].Args, "--cni-config-mode=chained-entry")
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {OK, "no socket load balancing; cni.exclusive off"}}},
+		{name: "Cilium replacing kube-proxy, socket LB in pods", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"kube-proxy-replacement": "true", "bpf-lb-sock": "false"}))
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {Error, "Cilium load-balances Services at connect() inside the pods (kube-proxy-replacement true, which turns socket load balancing on, bpf-lb-sock-hostns-only not true)"}}},
+		{name: "Cilium, socket LB without kube-proxy replacement", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"bpf-lb-sock": "true", "bpf-lb-sock-hostns-only": "false"}))
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {Error, "inside the pods (bpf-lb-sock true, bpf-lb-sock-hostns-only not true)"}}},
+		{name: "Cilium replacing kube-proxy, socket LB in the host namespace only", change: func(f *fixture) {
+			f.objects = append(f.objects, ciliumConfig(map[string]string{"kube-proxy-replacement": "true", "bpf-lb-sock-hostns-only": "true"}))
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {OK, "socket load balancing stays in the host's namespace (bpf-lb-sock-hostns-only true); cni.exclusive off"}}},
+		{name: "Cilium in its own namespace, both broken", change: func(f *fixture) {
+			cm := ciliumConfig(map[string]string{"kube-proxy-replacement": "true", "cni-exclusive": "true"})
+			cm.Namespace = "cilium"
+			f.objects = append(f.objects, cm)
+			f.nodes[1].Status.NodeInfo = corev1.NodeSystemInfo{ContainerRuntimeVersion: "cri-o://1.30.4"}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"primary-cni": {Error, "Cilium (ConfigMap cilium/cilium-config): Cilium load-balances Services at connect() inside the pods"}}},
 		{name: "API unreachable", client: func(c *fake.Clientset) {
 			c.PrependReactor("get", "version", func(k8stesting.Action) (bool, runtime.Object, error) {
 				return true, nil, errors.New("dial tcp 10.0.0.1:6443: connect: connection refused")
@@ -723,4 +785,14 @@ func TestUninjectedPodsObjects(t *testing.T) {
 	if msg := "6 pods of opted-in namespaces run without detour: shop/web-0, shop/web-1, shop/web-2, shop/web-3, shop/web-4 and 1 more; 1 finished pod of opted-in namespaces ran without detour: shop/web-6"; res.Message != msg {
 		t.Errorf("message %q\nwant %q", res.Message, msg)
 	}
+}
+
+// ciliumConfig is Cilium's ConfigMap as its chart renders it into kube-system, with data
+// besides the conflist it writes.
+func ciliumConfig(data map[string]string) *corev1.ConfigMap {
+	d := map[string]string{"write-cni-conf-when-ready": "/host/etc/cni/net.d/05-cilium.conflist", "enable-policy": "default"}
+	for k, v := range data {
+		d[k] = v
+	}
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: CiliumConfigMap, Namespace: "kube-system"}, Data: d}
 }

@@ -17,28 +17,20 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/test/e2e/framework"
-	"github.com/detourmesh/detour/test/testenv"
 )
 
-// TestE2ECilium is the smoke of the Cilium cluster (issue 35): Cilium v1.20 is the primary CNI
-// (framework/cilium.go), cilium-agent on the node compiles and loads its datapath and writes its
-// own conflist, and detour chains after it by its network's name, cilium, through the drop-in.
-// One node, registered with detour's startup taint as docs/operations.md tells admins to.
+// TestE2ECilium runs the cluster stories on Cilium (issue 35): Cilium v1.20 is the primary CNI
+// of three nodes (framework/cilium.go), installed from its chart with cni.exclusive off, and
+// detour chains after it by its network's name, cilium, through the drop-in. Every node is
+// registered with detour's startup taint, as docs/operations.md tells admins to.
 //
 // `make e2e-cluster` runs it (build tag cluster), with TestE2ECluster and TestE2EFlannel; each
 // starts a cluster of its own and stops it when it ends.
 func TestE2ECilium(t *testing.T) {
-	for _, name := range []string{"cilium/cilium-agent", "cilium/cilium-cni", "cilium/bpf", "cilium/crds"} {
-		if _, err := os.Stat(filepath.Join(testenv.BinDir(), name)); err != nil {
-			t.Fatalf("Cilium is not built (%v): make e2e-cluster builds it (DETOUR_BINARIES=cluster bash hack/test-binaries.sh)", err)
-		}
-	}
-	if _, err := os.Stat("/usr/lib/llvm-19/bin/clang"); err != nil {
-		t.Fatalf("cilium-agent needs clang 19 (%v): make e2e-cluster installs it (DETOUR_HOST_DEPS=cluster bash hack/host-deps.sh)", err)
-	}
+	framework.RequireCilium(t)
 	start := time.Now()
-	e := framework.OwnEnv(t, framework.Options{Cilium: true, Taints: []string{framework.StartupTaint + ":NoSchedule"}})
-	ctx, cancel := framework.Context(t, e.Node, 15*time.Minute)
+	e := framework.OwnEnv(t, framework.Options{Cilium: &framework.CiliumConfig{}, Taints: []string{framework.StartupTaint + ":NoSchedule"}})
+	ctx, cancel := framework.Context(t, e.Node, 45*time.Minute)
 	defer cancel()
 	t.Logf("the Cilium node is Ready with cilium-agent healthy %s after the start", time.Since(start).Round(time.Second))
 	e.InstallDetour(t, ctx, "")
@@ -50,47 +42,71 @@ func TestE2ECilium(t *testing.T) {
 		}
 		return !framework.HasStartupTaint(node), framework.Seen("taints %v", node.Spec.Taints)
 	})
-	t.Run("chained-after-cilium", func(t *testing.T) { ciliumChained(t, ctx, e) })
+	b := e.Join(t, ctx, "e2e-node-b")
+	third := e.Join(t, ctx, "e2e-node-e")
+	nodes := []*framework.Node{e.Node, b, third}
+	t.Logf("three Cilium nodes Ready, detour's agent on each, %s after the start", time.Since(start).Round(time.Second))
+	for _, s := range []struct {
+		name string
+		run  func(*testing.T)
+	}{
+		{"chained-after-cilium", func(t *testing.T) { ciliumChained(t, ctx, e, nodes) }},
+		{"cross-node", func(t *testing.T) { ciliumCrossNode(t, ctx, e, b) }},
+		{"cilium-restarts-on-every-node", func(t *testing.T) { ciliumRestarts(t, ctx, e, nodes) }},
+		{"cni-exclusive", func(t *testing.T) { ciliumExclusive(t, ctx, e, nodes) }},
+		// The last: the third node leaves first, so that the scale-out's nodes make three.
+		{"seed000-scale-out", func(t *testing.T) {
+			e.Remove(t, third)
+			e.UseRegistry(t, ctx)
+			clusterScaleOut(t, ctx, e, b)
+		}},
+	} {
+		if !t.Run(s.name, s.run) && ctx.Err() != nil {
+			return
+		}
+	}
 }
 
-// ciliumChained: cilium-agent wrote its conflist, which detour left as it was, and detour's
-// configuration is the drop-in of Cilium's network. A pod of an injected namespace gets its
-// address and its endpoint from Cilium (a CiliumEndpoint, ready, with the pod's IP from the
-// node's range, which the controller-manager allocated), then its rules from detour-cni, and
-// its traffic goes through its proxy both ways.
-func ciliumChained(t *testing.T, ctx context.Context, e *framework.Env) {
-	n := e.Node
-	var conf struct {
-		Name    string                   `json:"name"`
-		Plugins []map[string]interface{} `json:"plugins"`
-	}
-	data, err := os.ReadFile(n.PrimaryConfigPath())
-	if err != nil {
-		t.Fatalf("Cilium's conflist: %v", err)
-	}
-	if err := json.Unmarshal(data, &conf); err != nil {
-		t.Fatalf("Cilium's conflist: %v\n%s", err, data)
-	}
-	var kinds []string
-	for _, p := range conf.Plugins {
-		kinds = append(kinds, fmt.Sprint(p["type"]))
-	}
-	if conf.Name != framework.CiliumNetwork || strings.Join(kinds, ",") != "cilium-cni" {
-		t.Errorf("the conflist names network %q with plugins %v, want Cilium's %s with cilium-cni (detour changed it?)\n%s",
-			conf.Name, kinds, framework.CiliumNetwork, data)
-	}
-	if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
-		t.Errorf("detour's drop-in for network %s: %v", framework.CiliumNetwork, err)
-	}
-	if !framework.ClusterCIDR.Contains(n.PodSubnet.Addr()) {
-		t.Errorf("the node's pod range %s is not in the cluster's %s", n.PodSubnet, framework.ClusterCIDR)
+// ciliumChained: on every node, cilium-agent wrote its conflist, which detour left as it was,
+// and detour's configuration is the drop-in of Cilium's network. A pod of an injected namespace
+// gets its address and its endpoint from Cilium (a CiliumEndpoint, ready, with the pod's IP
+// from the node's range, which the controller-manager allocated), then its rules from
+// detour-cni, and its traffic goes through its proxy both ways.
+func ciliumChained(t *testing.T, ctx context.Context, e *framework.Env, nodes []*framework.Node) {
+	for _, n := range nodes {
+		var conf struct {
+			Name    string                   `json:"name"`
+			Plugins []map[string]interface{} `json:"plugins"`
+		}
+		data, err := os.ReadFile(n.PrimaryConfigPath())
+		if err != nil {
+			t.Fatalf("node %s: Cilium's conflist: %v", n.Name, err)
+		}
+		if err := json.Unmarshal(data, &conf); err != nil {
+			t.Fatalf("node %s: Cilium's conflist: %v\n%s", n.Name, err, data)
+		}
+		var kinds []string
+		for _, p := range conf.Plugins {
+			kinds = append(kinds, fmt.Sprint(p["type"]))
+		}
+		if conf.Name != framework.CiliumNetwork || strings.Join(kinds, ",") != "cilium-cni" {
+			t.Errorf("node %s: the conflist names network %q with plugins %v, want Cilium's %s with cilium-cni (detour changed it?)\n%s",
+				n.Name, conf.Name, kinds, framework.CiliumNetwork, data)
+		}
+		if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in for network %s: %v", n.Name, framework.CiliumNetwork, err)
+		}
+		if !framework.ClusterCIDR.Contains(n.PodSubnet.Addr()) {
+			t.Errorf("node %s: the pod range %s is not in the cluster's %s", n.Name, n.PodSubnet, framework.ClusterCIDR)
+		}
 	}
 
+	n := e.Node
 	const ns = "mesh-cilium"
 	e.Namespace(t, ctx, ns, true)
 	defer e.DropNamespaces(t, ctx, ns)
 	created := time.Now()
-	if _, err := n.Client.AppsV1().Deployments(ns).Create(ctx, e.Deployment("web", ns, 1), metav1.CreateOptions{}); err != nil {
+	if _, err := n.Client.AppsV1().Deployments(ns).Create(ctx, framework.OnNodeDeployment(e.Deployment("web", ns, 1), n.Name), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	p := e.WaitReady(t, ctx, ns, "app=web", 1)[0]
@@ -120,4 +136,184 @@ func ciliumChained(t *testing.T, ctx context.Context, e *framework.Env) {
 		t.Errorf("detour-cni's log has no ADD of %s/%s that redirected:\n%s", ns, p.Name, framework.Tail(framework.ReadFile(framework.NodePluginLog(n)), 10))
 	}
 	e.AssertCaptured(t, ctx, p, "web")
+}
+
+// ciliumCrossNode is the cross-node story (clusterCrossNode) between pods of Cilium's network:
+// each node routes the other's pod range into Cilium's datapath (cilium_host), which carries it
+// over VXLAN (cilium_vxlan) to the other node.
+func ciliumCrossNode(t *testing.T, ctx context.Context, e *framework.Env, b *framework.Node) {
+	for _, c := range []struct{ from, to *framework.Node }{{e.Node, b}, {b, e.Node}} {
+		if out, err := c.from.Run(ctx, "ip", "-d", "link", "show", "cilium_vxlan"); err != nil || !strings.Contains(out, "vxlan") {
+			t.Errorf("node %s has no VXLAN device cilium_vxlan: %v\n%s", c.from.Name, err, out)
+		}
+		framework.WaitFor(t, ctx, fmt.Sprintf("node %s to route %s's pods %s into Cilium's datapath", c.from.Name, c.to.Name, c.to.PodSubnet), time.Minute, func() (bool, error) {
+			out, err := c.from.Run(ctx, "ip", "route", "get", c.to.PodSubnet.Addr().Next().String())
+			return err == nil && strings.Contains(out, "dev cilium_host"), framework.Seen("ip route get: %v %s", err, out)
+		})
+	}
+	clusterCrossNode(t, ctx, e, b)
+}
+
+// ciliumWrites counts the times cilium-agent on n wrote its conflist, from its log (appended to
+// across restarts).
+func ciliumWrites(n *framework.Node) int {
+	return strings.Count(n.Log("cilium-agent"), "Wrote CNI configuration file")
+}
+
+// ciliumRestarts: with cni.exclusive off, cilium-agent restarts on every node at once, six
+// times, 5 s apart, while injected pods are created on all nodes. At each start the agent
+// writes its conflist again when its content differs from what it would write (v1.20.2's
+// daemon/cmd/cni/config.go). With detour's drop-in, the content never differs and the drop-in is
+// not Cilium's to touch: not one pod may start without its rules. With detour's entry in the
+// conflist (cniConfigMode: chained-entry), every start rewrites the file without the entry until
+// the node agent puts it back: the figure, for the record.
+func ciliumRestarts(t *testing.T, ctx context.Context, e *framework.Env, nodes []*framework.Node) {
+	writes := ciliumWritesAll(nodes)
+	dropIn := ciliumChurn(t, ctx, e, "churn-cilium", nodes)
+	dropInWrites := ciliumWritesAll(nodes) - writes
+	if dropIn.failed != 0 {
+		t.Errorf("with the drop-in, %d of %d pods started without rules while cilium-agent restarted on every node", dropIn.failed, dropIn.pods)
+	}
+	if dropInWrites != 0 {
+		t.Errorf("cilium-agent wrote its conflist %d times in %d restarts with detour's drop-in beside it, want 0 (the content did not change)", dropInWrites, dropIn.rewrites)
+	}
+	for _, n := range nodes {
+		if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in is gone after cilium-agent's restarts: %v", n.Name, err)
+		}
+	}
+
+	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	defer e.InstallDetour(t, ctx, "")
+	waitInFile(t, ctx, nodes)
+	writes = ciliumWritesAll(nodes)
+	entry := ciliumChurn(t, ctx, e, "churn-cilium-entry", nodes)
+	entryWrites := ciliumWritesAll(nodes) - writes
+	if entryWrites < entry.rewrites*len(nodes) {
+		t.Errorf("cilium-agent wrote its conflist %d times in %d restarts on %d nodes with detour's entry in it, want one a restart and node", entryWrites, entry.rewrites, len(nodes))
+	}
+	t.Logf("cilium-agent restarted on %d nodes (cni.exclusive false): with the drop-in %d of %d pods started without rules (%d restarts, %d conflist writes by Cilium), with the in-file entry %d of %d (%d restarts, %d conflist writes by Cilium)",
+		len(nodes), dropIn.failed, dropIn.pods, dropIn.rewrites, dropInWrites, entry.failed, entry.pods, entry.rewrites, entryWrites)
+	waitDropIn(t, ctx, e, nodes)
+}
+
+func ciliumWritesAll(nodes []*framework.Node) int {
+	sum := 0
+	for _, n := range nodes {
+		sum += ciliumWrites(n)
+	}
+	return sum
+}
+
+// ciliumChurn creates injected pods in waves on nodes, in namespace ns, while cilium-agent
+// restarts on every node at once, six times, 5 s apart.
+func ciliumChurn(t *testing.T, ctx context.Context, e *framework.Env, ns string, nodes []*framework.Node) churnResult {
+	const restarts = 6
+	defer e.DropNamespaces(t, ctx, ns)
+	return podWaves(t, ctx, e, ns, nodes, func() int {
+		for i := range restarts {
+			began := time.Now()
+			if err := e.Node.RestartCilium(ctx); err != nil {
+				t.Errorf("restart %d of cilium-agent: %v", i+1, err)
+				return i
+			}
+			t.Logf("restart %d: cilium-agent healthy again on every node %s after it was stopped", i+1, time.Since(began).Round(100*time.Millisecond))
+			if !framework.SleepCtx(ctx, 5*time.Second) {
+				return i + 1
+			}
+		}
+		return restarts
+	})
+}
+
+// waitInFile waits until detour's configuration is its entry in Cilium's conflist on every
+// node, and no drop-in.
+func waitInFile(t *testing.T, ctx context.Context, nodes []*framework.Node) {
+	t.Helper()
+	for _, n := range nodes {
+		framework.WaitFor(t, ctx, "chained-entry to put detour into Cilium's conflist on "+n.Name, 2*time.Minute, func() (bool, error) {
+			_, err := os.Stat(framework.NodeDropIn(n))
+			return strings.Contains(framework.ReadFile(n.PrimaryConfigPath()), "detour-cni") && os.IsNotExist(err), framework.Seen("drop-in: %v", err)
+		})
+	}
+}
+
+// waitDropIn waits until detour's configuration is its drop-in on every node, and nothing in
+// Cilium's conflist.
+func waitDropIn(t *testing.T, ctx context.Context, e *framework.Env, nodes []*framework.Node) {
+	t.Helper()
+	for _, n := range nodes {
+		framework.WaitFor(t, ctx, "auto to put detour's drop-in in place on "+n.Name, 2*time.Minute, func() (bool, error) {
+			_, err := os.Stat(framework.NodeDropIn(n))
+			return err == nil && !strings.Contains(framework.ReadFile(n.PrimaryConfigPath()), "detour-cni"), framework.Seen("drop-in: %v", err)
+		})
+	}
+}
+
+// ciliumExclusive: cni.exclusive on, Cilium's default, set with a helm upgrade of Cilium's
+// values and the agents' restart. The agent renames every configuration file in the conf dir
+// but its own to *.cilium_bak, and watches the directory to do it again. detour's drop-in lives
+// in a subdirectory, which Cilium leaves alone: the drop-in stays, nothing of detour's is
+// renamed, and pods created while the agents restart all get their rules. detour's entry in
+// Cilium's conflist is another matter: each time the node agent writes it, Cilium sees the
+// directory change and writes its own content again.
+func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes []*framework.Node) {
+	if err := e.Node.SetCilium(ctx, framework.CiliumConfig{Exclusive: true}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := e.Node.SetCilium(ctx, framework.CiliumConfig{}); err != nil {
+			t.Errorf("set cni.exclusive back to false: %v", err)
+		}
+	}()
+	for _, n := range nodes {
+		if !strings.Contains(framework.ReadFile(filepath.Join(n.Dir, "cilium", "config-map", "cni-exclusive")), "true") {
+			t.Fatalf("node %s: the agent's configuration does not say cni-exclusive true", n.Name)
+		}
+	}
+	writes := ciliumWritesAll(nodes)
+	dropIn := ciliumChurn(t, ctx, e, "churn-exclusive", nodes)
+	dropInWrites := ciliumWritesAll(nodes) - writes
+	if dropIn.failed != 0 {
+		t.Errorf("cni.exclusive true, with the drop-in: %d of %d pods started without rules while cilium-agent restarted on every node", dropIn.failed, dropIn.pods)
+	}
+	for _, n := range nodes {
+		if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
+			t.Errorf("node %s: detour's drop-in is gone with cni.exclusive: %v", n.Name, err)
+		}
+		if baks, _ := filepath.Glob(filepath.Join(n.CNIConfDir, "*.cilium_bak")); len(baks) != 0 {
+			t.Errorf("node %s: Cilium renamed %v away", n.Name, baks)
+		}
+	}
+	t.Logf("cni.exclusive true, cilium-agent restarted on %d nodes: with the drop-in %d of %d pods started without rules (%d restarts, %d conflist writes by Cilium)",
+		len(nodes), dropIn.failed, dropIn.pods, dropIn.rewrites, dropInWrites)
+
+	// The in-file entry under cni.exclusive: what Cilium and detour's node agent do with the
+	// conflist for 20 s, sampled every 20 ms on the control-plane node.
+	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	defer func() {
+		e.InstallDetour(t, ctx, "")
+		waitDropIn(t, ctx, e, nodes)
+	}()
+	n := e.Node
+	writes = ciliumWrites(n)
+	deadline := time.Now().Add(20 * time.Second)
+	samples, with := 0, 0
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		samples++
+		if strings.Contains(framework.ReadFile(n.PrimaryConfigPath()), "detour-cni") {
+			with++
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("cni.exclusive true, in-file entry, 20 s on %s: Cilium wrote its conflist %d times; detour's entry was in it in %d of %d samples",
+		n.Name, ciliumWrites(n)-writes, with, samples)
+	agentLog := e.AgentLog(t, ctx)
+	t.Logf("the node agent's log ends with:\n%s", framework.Tail(agentLog, 15))
+	entry := podWaves(t, ctx, e, "exclusive-entry", nodes, func() int {
+		framework.SleepCtx(ctx, 30*time.Second)
+		return 0
+	})
+	e.DropNamespaces(t, ctx, "exclusive-entry")
+	t.Logf("cni.exclusive true, in-file entry, 30 s without restarts: %d of %d pods started without rules", entry.failed, entry.pods)
 }

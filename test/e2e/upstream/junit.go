@@ -25,6 +25,9 @@ type Result struct {
 	Duration time.Duration
 	// Message is why it failed or was skipped (the start of Ginkgo's text).
 	Message string
+	// Output is what the test wrote: Ginkgo's timeline of it (its steps and the framework's log
+	// lines, system-err) and its captured output (system-out).
+	Output string
 }
 
 // junitReport is what ParseJUnit reads of a Ginkgo JUnit report.
@@ -46,6 +49,8 @@ type junitReport struct {
 			Skipped *struct {
 				Message string `xml:"message,attr"`
 			} `xml:"skipped"`
+			SystemErr string `xml:"system-err"`
+			SystemOut string `xml:"system-out"`
 		} `xml:"testcase"`
 	} `xml:"testsuite"`
 }
@@ -64,6 +69,7 @@ func ParseJUnit(data []byte) ([]Result, error) {
 			res := Result{
 				Name:     strings.TrimPrefix(c.Name, "[It] "),
 				Duration: time.Duration(c.Time * float64(time.Second)),
+				Output:   c.SystemErr + c.SystemOut,
 			}
 			switch {
 			case c.Failure != nil:

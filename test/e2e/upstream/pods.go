@@ -22,6 +22,13 @@ type Pod struct {
 	HostNetwork     bool
 	// Injected: detour's webhook injected it (its annotations say so).
 	Injected bool
+	// IP is its pod IP, once it had one.
+	IP string
+}
+
+// Service is what the Recorder keeps of a Service the tests created.
+type Service struct {
+	Namespace, Name, ClusterIP string
 }
 
 // Recorder keeps every pod created, while it runs, in a namespace that did not exist when it
@@ -32,6 +39,7 @@ type Recorder struct {
 	mu     sync.Mutex
 	before map[string]bool
 	pods   map[string]Pod // by UID
+	svcs   map[string]Service
 	stop   chan struct{}
 }
 
@@ -41,21 +49,64 @@ func Record(ctx context.Context, client kubernetes.Interface) (*Recorder, error)
 	if err != nil {
 		return nil, fmt.Errorf("list the namespaces there before the tests: %w", err)
 	}
-	r := &Recorder{before: map[string]bool{}, pods: map[string]Pod{}, stop: make(chan struct{})}
+	r := &Recorder{before: map[string]bool{}, pods: map[string]Pod{}, svcs: map[string]Service{}, stop: make(chan struct{})}
 	for _, ns := range nss.Items {
 		r.before[ns.Name] = true
 	}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	inf := factory.Core().V1().Pods().Informer()
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: r.add}); err != nil {
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: r.add, UpdateFunc: func(_, obj any) { r.update(obj) }}); err != nil {
+		return nil, err
+	}
+	svcs := factory.Core().V1().Services().Informer()
+	if _, err := svcs.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: r.addService}); err != nil {
 		return nil, err
 	}
 	factory.Start(r.stop)
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced, svcs.HasSynced) {
 		close(r.stop)
-		return nil, fmt.Errorf("the pod informer did not sync: %w", ctx.Err())
+		return nil, fmt.Errorf("the pod and Service informers did not sync: %w", ctx.Err())
 	}
 	return r, nil
+}
+
+// update records the pod's IP once it has one.
+func (r *Recorder) update(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || p.Status.PodIP == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if rec, ok := r.pods[string(p.UID)]; ok && rec.IP == "" {
+		rec.IP = p.Status.PodIP
+		r.pods[string(p.UID)] = rec
+	}
+}
+
+func (r *Recorder) addService(obj any) {
+	s, ok := obj.(*corev1.Service)
+	if !ok {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.before[s.Namespace] {
+		return
+	}
+	r.svcs[string(s.UID)] = Service{Namespace: s.Namespace, Name: s.Name, ClusterIP: s.Spec.ClusterIP}
+}
+
+// Services returns the Services recorded so far.
+func (r *Recorder) Services() []Service {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]Service, 0, len(r.svcs))
+	for _, s := range r.svcs {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b Service) int { return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	return out
 }
 
 func (r *Recorder) add(obj any) {
@@ -70,7 +121,7 @@ func (r *Recorder) add(obj any) {
 	}
 	r.pods[string(p.UID)] = Pod{
 		Namespace: p.Namespace, Name: p.Name, HostNetwork: p.Spec.HostNetwork,
-		Injected: annotations.IsInjected(p.Annotations),
+		Injected: annotations.IsInjected(p.Annotations), IP: p.Status.PodIP,
 	}
 }
 

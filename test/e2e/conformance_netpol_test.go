@@ -1,0 +1,134 @@
+//go:build conformance
+
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/test/e2e/framework"
+	"github.com/detourmesh/detour/test/e2e/upstream"
+)
+
+// TestNetpolCilium is `make netpol-cilium` (docs/conformance.md#networkpolicy-with-every-pod-meshed):
+// Kubernetes' own NetworkPolicy tests (upstream.SelectNetpol) on a Cilium cluster of two
+// nodes, which enforces the policies, first without detour, then with detour injecting every
+// pod. A client in the mesh connects to its own proxy, which accepts the connection before it
+// dials the destination, so the tests' probes, which count a completed connect() as
+// connectivity, see every TCP connection of a meshed client succeed. What the policy decides is
+// what the proxy's own connection meets: the run follows every proxy's log and, for each test
+// that fails with detour only, reads the truth table of the step it failed at and checks it
+// pair by pair against what the proxies carried (upstream.NetpolWire). It fails when a denied
+// pair got through a proxy, an allowed one was not carried, a probe failed where the policy
+// allows it, or the step cannot be read; and when fewer than 95% of the tests' pod-network pods
+// were injected. It writes $DETOUR_NETPOL_DIR/report.md (default bin/netpol-cilium/), with the
+// JUnit reports, e2e.test's logs and the proxies' logs. DETOUR_CONFORMANCE_PROCS (default 3) is
+// the parallel processes of each run.
+//
+// Declared before TestConformance (the file's name sorts first): it starts a cluster of its
+// own, which cannot run beside the shared node.
+func TestNetpolCilium(t *testing.T) {
+	framework.RequireCilium(t)
+	e := framework.OwnEnv(t, framework.Options{Cilium: &framework.CiliumConfig{}})
+	ctx, cancel := framework.Context(t, e.Node, 4*time.Hour)
+	defer cancel()
+	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{Images: e.Artifacts.Tarballs})
+
+	list, err := exec.CommandContext(ctx, e.Node.Bin("e2e.test"), "--list-tests").Output()
+	if err != nil {
+		t.Fatalf("e2e.test --list-tests: %v", err)
+	}
+	tests := upstream.SelectNetpol(string(list))
+	procs := 3
+	if v := os.Getenv("DETOUR_CONFORMANCE_PROCS"); v != "" {
+		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
+			t.Fatalf("DETOUR_CONFORMANCE_PROCS=%q: want a number of processes, 1 or more", v)
+		}
+	}
+	dir := os.Getenv("DETOUR_NETPOL_DIR")
+	if dir == "" {
+		dir = filepath.Join(e.Root, "bin", "netpol-cilium")
+	}
+	if dir, err = filepath.Abs(dir); err != nil {
+		t.Fatal(err)
+	}
+	run := func(prefix string) ([]upstream.Result, time.Duration) {
+		t.Helper()
+		o := upstreamOptions(e, dir, prefix, tests, 3*time.Hour)
+		o.Procs, o.Ginkgo = procs, e.Node.Bin("ginkgo")
+		start := time.Now()
+		results, err := upstream.Run(ctx, e.Node.RunSplit, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return results, time.Since(start)
+	}
+	without, tookWithout := run("without-detour-")
+
+	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	for _, n := range e.Node.Nodes() {
+		e.SetNodeAgent(t, ctx, n, true)
+	}
+	rec, err := upstream.Record(ctx, e.Node.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs, err := upstream.FollowProxyLogs(ctx, e.Node.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with, tookWith := run("with-detour-")
+	logs.Stop()
+	rec.Stop()
+
+	lines, unread := logs.Lines()
+	var proxyLog strings.Builder
+	for _, l := range lines {
+		fmt.Fprintf(&proxyLog, "%s %s %s\n", l.Time.Format(time.RFC3339Nano), l.Pod, l.Text)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "with-detour-proxies.log"), []byte(proxyLog.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rows := upstream.CompareNetpol(without, with, rec.Pods(), rec.Services(), lines)
+	c := upstream.Count(rec.Pods())
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Kubernetes' NetworkPolicy tests on Cilium, with and without detour\n\n")
+	fmt.Fprintf(&b, "%s; e2e.test %s; Cilium %s; %d tests, %d parallel processes, 2 nodes; without detour %s, with detour %s.\n",
+		time.Now().UTC().Format("2006-01-02"), kubernetesVersion(e), ciliumVersion(e), len(tests), procs, tookWithout.Round(time.Second), tookWith.Round(time.Second))
+	fmt.Fprintf(&b, "With detour: %d of %d pod-network pods injected (%.1f%%), %d host-network pods (never injected); %d proxies' logs followed (%d lines), %d could not be.\n\n",
+		c.Injected, c.PodNetwork, 100*c.Fraction(), c.HostNetwork, logs.Followed(), len(lines), len(unread))
+	b.WriteString(upstream.NetpolTable(rows))
+	if err := os.WriteFile(filepath.Join(dir, "report.md"), []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report %s:\n%s", filepath.Join(dir, "report.md"), b.String())
+	for _, r := range rows {
+		if r.Regression() {
+			t.Errorf("passes without detour, %s with it, and the proxies do not show the policy holding: %s: %s", r.With.Status, r.Name, r.With.Message)
+		}
+		if len(r.Wire.Leaks) > 0 {
+			t.Errorf("%s: a connection the policy denies went through a proxy: %s", r.Name, strings.Join(r.Wire.Leaks, ", "))
+		}
+	}
+	if c.PodNetwork == 0 || c.Fraction() < 0.95 {
+		t.Errorf("%d of %d pod-network pods of the tests were injected, want at least 95%%; not injected: %s", c.Injected, c.PodNetwork, strings.Join(c.Missed, ", "))
+	}
+	if len(unread) > 0 {
+		t.Logf("proxies whose log could not be followed: %s", strings.Join(unread, "; "))
+	}
+}
+
+// ciliumVersion is cilium-agent's own version.
+func ciliumVersion(e *framework.Env) string {
+	out, err := exec.Command(e.Node.Bin("cilium/cilium-agent"), "--version").Output()
+	if err != nil {
+		return fmt.Sprintf("(no version: %v)", err)
+	}
+	return strings.TrimSpace(string(out))
+}

@@ -1,0 +1,370 @@
+package upstream
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The NetworkPolicy tests of e2e.test (test/e2e/network/netpol) build a few pods in three
+// namespaces (x/a, x/b, y/a, ...), each with its own Service, apply policies and probe every pair
+// (`agnhost connect <ClusterIP>:<port>` exec'd in the client pod), comparing what connects with
+// a truth table of what the policies allow. A client in the mesh connects to its own proxy,
+// which accepts at once and only then dials the destination: the probe sees every TCP
+// connection succeed, whatever the policy says, as any sidecar proxy's client does. What the
+// policy decides is what the proxy's own connection meets, and the proxies' logs say it
+// (ProxyLogs): NetpolWire reads, for the step a test failed at, the truth table it expected
+// and what the proxies carried, pair by pair.
+
+// excludedNetpol marks NetworkPolicy tests netpol-cilium leaves out: those that need a serial
+// cluster, take long on purpose, break the cluster or are flaky, and SCTP's, which Cilium runs
+// without (its chart's sctp.enabled is false).
+var excludedNetpol = regexp.MustCompile(`\[(Serial|Slow|Disruptive|Flaky|Feature:SCTPConnectivity)\]`)
+
+// SelectNetpol picks, from e2e.test --list-tests, Kubernetes' NetworkPolicy tests: the
+// "[sig-network] Netpol" and "[sig-network] NetworkPolicy" tests that are not excluded.
+func SelectNetpol(list string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for line := range strings.SplitSeq(list, "\n") {
+		_, name, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		if !ok || seen[name] || excludedNetpol.MatchString(name) {
+			continue
+		}
+		if strings.HasPrefix(name, "[sig-network] Netpol") || strings.HasPrefix(name, "[sig-network] NetworkPolicy") {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// NetpolStep is the step of a NetworkPolicy test that failed, as the test's output shows it.
+type NetpolStep struct {
+	// Start is when the step's first round of probes began.
+	Start time.Time
+	// Pods are the pods of the truth table (namespace/name), in its order.
+	Pods []string
+	// Expected is the truth table: Expected[from][to] is whether the policies allow it.
+	Expected map[string]map[string]bool
+	// Addr is each pod's address the probes connect to (its Service's ClusterIP and the
+	// step's port), from the commands of the probes that went wrong.
+	Port string
+	// Wrong are the pairs whose probe contradicted the truth table, with what it saw.
+	Wrong []NetpolProbe
+}
+
+// NetpolProbe is one probe that contradicted the truth table.
+type NetpolProbe struct {
+	From, To string
+	// Addr is the address probed (ClusterIP:port).
+	Addr string
+	// Allowed: the probe connected where the policies deny it (else it did not where they
+	// allow it).
+	Allowed bool
+}
+
+var (
+	stepRE       = regexp.MustCompile(`STEP: Validating reachability matrix\.\.\. \(FIRST TRY\) .*@ (\d\d/\d\d/\d\d \d\d:\d\d:\d\d(\.\d+)?)`)
+	validationRE = regexp.MustCompile(`Validation of (\S+) -> (\S+) FAILED !!!`)
+	wrongRE      = regexp.MustCompile(`Expected (allowed|blocked) pod connection was instead (BLOCKED|ALLOWED) --- run '.*?/agnhost connect (\S+) `)
+)
+
+// ParseNetpolStep reads the output of a failed NetworkPolicy test (its JUnit timeline) for the
+// step it failed at: the last one whose probes began, with the truth table it printed.
+func ParseNetpolStep(output string) (*NetpolStep, error) {
+	starts := stepRE.FindAllStringSubmatchIndex(output, -1)
+	if len(starts) == 0 {
+		return nil, fmt.Errorf("no step of probes in the test's output")
+	}
+	last := starts[len(starts)-1]
+	start, err := time.ParseInLocation("01/02/06 15:04:05.999", output[last[2]:last[3]], time.Local)
+	if err != nil {
+		return nil, fmt.Errorf("the step's time: %w", err)
+	}
+	step := &NetpolStep{Start: start}
+	rest := output[last[0]:]
+	var from, to string
+	for line := range strings.SplitSeq(rest, "\n") {
+		if m := validationRE.FindStringSubmatch(line); m != nil {
+			from, to = m[1], m[2]
+			continue
+		}
+		if m := wrongRE.FindStringSubmatch(line); m != nil && from != "" {
+			step.Wrong = append(step.Wrong, NetpolProbe{From: from, To: to, Addr: m[3], Allowed: m[2] == "ALLOWED"})
+			if _, port, err := net.SplitHostPort(m[3]); err == nil {
+				step.Port = port
+			}
+			from, to = "", ""
+		}
+	}
+	i := strings.LastIndex(rest, "expected:")
+	if i < 0 {
+		return nil, fmt.Errorf("the test printed no truth table for its last step")
+	}
+	if step.Pods, step.Expected, err = parseTruthTable(rest[i+len("expected:"):]); err != nil {
+		return nil, err
+	}
+	return step, nil
+}
+
+// parseTruthTable reads a table as netpol's TruthTable.PrettyPrint writes it: a header row
+// "-" and the pods, then a row per pod, "." connected and "X" not.
+func parseTruthTable(s string) ([]string, map[string]map[string]bool, error) {
+	var pods []string
+	values := map[string]map[string]bool{}
+	for line := range strings.SplitSeq(s, "\n") {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			if len(pods) > 0 && len(values) == len(pods) {
+				break
+			}
+			continue
+		}
+		if pods == nil {
+			if fields[0] != "-" {
+				continue
+			}
+			pods = fields[1:]
+			continue
+		}
+		if len(fields) != len(pods)+1 || !strings.Contains(fields[0], "/") {
+			break
+		}
+		row := map[string]bool{}
+		for j, mark := range fields[1:] {
+			row[pods[j]] = mark == "."
+		}
+		values[fields[0]] = row
+	}
+	if len(pods) == 0 || len(values) != len(pods) {
+		return nil, nil, fmt.Errorf("no complete truth table (%d pods, %d rows)", len(pods), len(values))
+	}
+	return pods, values, nil
+}
+
+// NetpolWire is what the proxies carried in a step: pair by pair, the connections the
+// client's proxy made to the server's address, and those the server's proxy accepted from the
+// client.
+type NetpolWire struct {
+	// Denied are the pairs the policies deny; Allowed those they allow (loopback left out, as
+	// the tests leave it out).
+	Denied, Allowed int
+	// DeniedTried are the denied pairs whose client's proxy tried to connect, and DeniedFailed
+	// the proxy's attempts to them, every one of which must have failed.
+	DeniedTried, DeniedAttempts int
+	// Leaks are the denied pairs that got through: the client's proxy connected, or the
+	// server's proxy accepted a connection from the client.
+	Leaks []string
+	// AllowedCarried are the allowed pairs the client's proxy connected at least once; Missing
+	// the allowed pairs it never did, and Untried the denied pairs it never tried.
+	AllowedCarried   int
+	Missing, Untried []string
+}
+
+// Held reports whether the policies held through the proxies exactly as the truth table says:
+// no denied pair got through, every denied pair was tried and failed, every allowed pair
+// connected.
+func (w NetpolWire) Held() bool {
+	return len(w.Leaks) == 0 && len(w.Untried) == 0 && len(w.Missing) == 0 && w.Denied > 0
+}
+
+// String is the wire's verdict in a line.
+func (w NetpolWire) String() string {
+	verdict := "held"
+	if !w.Held() {
+		verdict = "NOT held"
+	}
+	s := fmt.Sprintf("%s: %d denied pairs, their %d connections through the client's proxy all failed and none reached the server; %d of %d allowed pairs carried",
+		verdict, w.Denied, w.DeniedAttempts, w.AllowedCarried, w.Allowed)
+	if len(w.Leaks) > 0 {
+		s += "; LEAKED: " + strings.Join(w.Leaks, ", ")
+	}
+	if len(w.Untried) > 0 {
+		s += "; denied pairs never tried: " + strings.Join(w.Untried, ", ")
+	}
+	if len(w.Missing) > 0 {
+		s += "; allowed pairs never carried: " + strings.Join(w.Missing, ", ")
+	}
+	return s
+}
+
+// Wire checks a step against the proxies' logs: pods and services are the Recorder's (for
+// the pods' IPs and their Services' ClusterIPs), lines the proxies'. A probe's address is its
+// Service's ClusterIP (s-<namespace>-<pod>, as netpol's model names it) and the step's port.
+func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (NetpolWire, error) {
+	var w NetpolWire
+	if s.Port == "" {
+		return w, fmt.Errorf("the step's port is unknown (no probe's command in the output)")
+	}
+	ipOf := map[string]string{}
+	for _, p := range pods {
+		ipOf[p.Namespace+"/"+p.Name] = p.IP
+	}
+	addrOf := map[string]string{}
+	for _, sv := range services {
+		addrOf[sv.Namespace+"/"+sv.Name] = net.JoinHostPort(sv.ClusterIP, s.Port)
+	}
+	byPod := map[string][]ProxyLine{}
+	for _, l := range lines {
+		if !l.Time.Before(s.Start) {
+			byPod[l.Pod] = append(byPod[l.Pod], l)
+		}
+	}
+	for _, from := range s.Pods {
+		for _, to := range s.Pods {
+			if from == to {
+				continue
+			}
+			ns, name, _ := strings.Cut(to, "/")
+			addr := addrOf[ns+"/s-"+ns+"-"+name]
+			if addr == "" || ipOf[from] == "" {
+				return w, fmt.Errorf("pair %s -> %s: no recorded address (service %q, client IP %q)", from, to, addr, ipOf[from])
+			}
+			// "proxy outbound 10.88.0.5:40112 -> 10.96.0.77:80" and " failed: ..." when it failed.
+			ok, failed := 0, 0
+			for _, l := range byPod[from] {
+				if !strings.HasPrefix(l.Text, "proxy outbound "+ipOf[from]+":") || !strings.Contains(l.Text, " -> "+addr) {
+					continue
+				}
+				rest := l.Text[strings.Index(l.Text, " -> "+addr)+len(" -> "+addr):]
+				if strings.HasPrefix(rest, " failed") {
+					failed++
+				} else if rest == "" {
+					ok++
+				}
+			}
+			accepted := 0
+			for _, l := range byPod[to] {
+				if strings.HasPrefix(l.Text, "proxy inbound "+ipOf[from]+":") && !strings.Contains(l.Text, " failed") {
+					accepted++
+				}
+			}
+			pair := from + " -> " + to
+			if s.Expected[from][to] {
+				w.Allowed++
+				if ok > 0 {
+					w.AllowedCarried++
+				} else {
+					w.Missing = append(w.Missing, pair)
+				}
+				continue
+			}
+			w.Denied++
+			switch {
+			case ok > 0 || accepted > 0:
+				w.Leaks = append(w.Leaks, fmt.Sprintf("%s (%d connections from the client's proxy, %d accepted by the server's)", pair, ok, accepted))
+			case failed == 0:
+				w.Untried = append(w.Untried, pair)
+			default:
+				w.DeniedTried++
+				w.DeniedAttempts += failed
+			}
+		}
+	}
+	slices.Sort(w.Leaks)
+	return w, nil
+}
+
+// netpolException is why a NetworkPolicy test whose probes expect a denial cannot pass with a
+// sidecar proxy in the client.
+const netpolException = "the client's connect() completes to its own outbound proxy, which dials the destination only then; the policy acts on that connection (the last column)"
+
+// NetpolRow is one NetworkPolicy test in both runs and, where it failed with detour only, what
+// the proxies carried at the step it failed at.
+type NetpolRow struct {
+	Row
+	// Step is that step; Wire what the proxies carried in it (WireErr: why it could not be read).
+	Step    *NetpolStep
+	Wire    NetpolWire
+	WireErr string
+}
+
+// WrongBlocked counts the probes of the step that did not connect where the policies allow it:
+// a connection the mesh broke, which no sidecar explains.
+func (r NetpolRow) WrongBlocked() int {
+	n := 0
+	if r.Step != nil {
+		for _, p := range r.Step.Wrong {
+			if !p.Allowed {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Regression reports whether the test passed without detour, not with it, and the proxies'
+// logs do not show the policies holding exactly as the test expects: a denied pair got
+// through, an allowed one was not carried, a probe was blocked where allowed, or the step could
+// not be read.
+func (r NetpolRow) Regression() bool {
+	if r.Without.Status != StatusPassed || r.With.Status == StatusPassed {
+		return false
+	}
+	return r.Step == nil || r.WireErr != "" || !r.Wire.Held() || r.WrongBlocked() > 0
+}
+
+// CompareNetpol lines up two runs of the NetworkPolicy tests and reads, for each test that
+// failed with detour only, its step and the proxies' logs (pods and services from the
+// Recorder).
+func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines []ProxyLine) []NetpolRow {
+	var rows []NetpolRow
+	for _, r := range Compare(without, with) {
+		row := NetpolRow{Row: r}
+		if r.Without.Status == StatusPassed && r.With.Status == StatusFailed {
+			step, err := ParseNetpolStep(r.With.Output)
+			if err != nil {
+				row.WireErr = err.Error()
+			} else {
+				row.Step = step
+				if row.Wire, err = step.Wire(pods, services, lines); err != nil {
+					row.WireErr = err.Error()
+				} else if row.Wire.Held() && row.WrongBlocked() == 0 {
+					row.Exception = netpolException
+				}
+			}
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// NetpolTable is rows as a Markdown table, with each run's counts in its last row.
+func NetpolTable(rows []NetpolRow) string {
+	var b strings.Builder
+	b.WriteString("| test | without detour | with detour | through the proxies, at the step it failed at |\n|---|---|---|---|\n")
+	count := map[string]map[Status]int{"without": {}, "with": {}}
+	held := 0
+	for _, r := range rows {
+		count["without"][r.Without.Status]++
+		count["with"][r.With.Status]++
+		with := cell(r.With)
+		if r.Exception != "" {
+			with += " (exception)"
+		}
+		wire := ""
+		switch {
+		case r.WireErr != "":
+			wire = "not read: " + r.WireErr
+		case r.Step != nil:
+			wire = r.Wire.String()
+			if n := r.WrongBlocked(); n > 0 {
+				wire += fmt.Sprintf("; %d probes BLOCKED where allowed", n)
+			}
+			if r.Wire.Held() && r.WrongBlocked() == 0 {
+				held++
+			}
+		}
+		esc := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
+		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", esc(r.Name), esc(cell(r.Without)), esc(with), esc(wire))
+	}
+	total := func(c map[Status]int) string {
+		return fmt.Sprintf("%d passed, %d failed, %d skipped", c[StatusPassed], c[StatusFailed]+c[StatusMissing], c[StatusSkipped])
+	}
+	fmt.Fprintf(&b, "| **%d tests** | %s | %s | held in %d |\n", len(rows), total(count["without"]), total(count["with"]), held)
+	return b.String()
+}

@@ -1,0 +1,160 @@
+package upstream
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/detourmesh/detour/annotations"
+)
+
+// ProxyLine is one line of a proxy's log, with the time the kubelet stamped it with.
+type ProxyLine struct {
+	Time time.Time
+	// Pod is the proxy's pod, namespace/name.
+	Pod  string
+	Text string
+}
+
+// ProxyLogs follows the log of detour's proxy in every injected pod created, while it runs, in
+// a namespace that did not exist when it started (the tests' namespaces), from the proxy's
+// start to the pod's end: the tests delete their namespaces, and the logs with them, as each
+// test ends. The test proxy logs one line per connection it carries or fails to carry
+// (test/images/testprog's proxy.go): what went through the proxies, whatever the tests' own
+// probes concluded.
+type ProxyLogs struct {
+	client kubernetes.Interface
+	before map[string]bool
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex
+	following map[string]bool // by pod UID
+	lines     []ProxyLine
+	errs      []string
+}
+
+// FollowProxyLogs starts following; Stop ends it.
+func FollowProxyLogs(ctx context.Context, client kubernetes.Interface) (*ProxyLogs, error) {
+	nss, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list the namespaces there before the tests: %w", err)
+	}
+	l := &ProxyLogs{client: client, before: map[string]bool{}, following: map[string]bool{}}
+	for _, ns := range nss.Items {
+		l.before[ns.Name] = true
+	}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	factory := informers.NewSharedInformerFactory(client, 0)
+	inf := factory.Core().V1().Pods().Informer()
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: l.seen, UpdateFunc: func(_, obj any) { l.seen(obj) },
+	}); err != nil {
+		return nil, err
+	}
+	factory.Start(l.ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		l.cancel()
+		return nil, fmt.Errorf("the pod informer did not sync: %w", ctx.Err())
+	}
+	return l, nil
+}
+
+// seen starts following a pod's proxy once the proxy has started.
+func (l *ProxyLogs) seen(obj any) {
+	p, ok := obj.(*corev1.Pod)
+	if !ok || !annotations.IsInjected(p.Annotations) || !proxyStarted(p) {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.before[p.Namespace] || l.following[string(p.UID)] || l.ctx.Err() != nil {
+		return
+	}
+	l.following[string(p.UID)] = true
+	l.wg.Add(1)
+	go l.follow(p.Namespace, p.Name)
+}
+
+// proxyStarted reports whether the pod's proxy container (a container, or a native sidecar
+// among the init containers) has started.
+func proxyStarted(p *corev1.Pod) bool {
+	for _, s := range append(append([]corev1.ContainerStatus{}, p.Status.InitContainerStatuses...), p.Status.ContainerStatuses...) {
+		if s.Name == annotations.ProxyContainer && (s.State.Running != nil || s.State.Terminated != nil || s.RestartCount > 0) {
+			return true
+		}
+	}
+	return false
+}
+
+// follow reads the proxy's log until the pod (or the proxy) ends.
+func (l *ProxyLogs) follow(ns, name string) {
+	defer l.wg.Done()
+	pod := ns + "/" + name
+	opts := &corev1.PodLogOptions{Container: annotations.ProxyContainer, Follow: true, Timestamps: true}
+	stream, err := l.client.CoreV1().Pods(ns).GetLogs(name, opts).Stream(l.ctx)
+	if err != nil {
+		l.mu.Lock()
+		l.errs = append(l.errs, fmt.Sprintf("%s: %v", pod, err))
+		l.mu.Unlock()
+		return
+	}
+	defer stream.Close()
+	sc := bufio.NewScanner(stream)
+	sc.Buffer(make([]byte, 64*1024), 1024*1024)
+	for sc.Scan() {
+		line, ok := ParseProxyLine(pod, sc.Text())
+		if !ok {
+			continue
+		}
+		l.mu.Lock()
+		l.lines = append(l.lines, line)
+		l.mu.Unlock()
+	}
+}
+
+// ParseProxyLine reads one line of a log the kubelet serves with timestamps ("2026-12-05T14:03:45.123456789Z
+// text").
+func ParseProxyLine(pod, s string) (ProxyLine, bool) {
+	stamp, text, ok := strings.Cut(s, " ")
+	if !ok {
+		return ProxyLine{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, stamp)
+	if err != nil {
+		return ProxyLine{}, false
+	}
+	return ProxyLine{Time: t, Pod: pod, Text: text}, true
+}
+
+// Stop ends the following (the logs of pods that still run end there) and waits for it.
+func (l *ProxyLogs) Stop() {
+	l.mu.Lock()
+	l.cancel()
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+// Lines returns the lines read so far, and the pods whose log could not be followed.
+func (l *ProxyLogs) Lines() ([]ProxyLine, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]ProxyLine(nil), l.lines...), append([]string(nil), l.errs...)
+}
+
+// Followed is the number of proxies followed.
+func (l *ProxyLogs) Followed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.following)
+}

@@ -15,10 +15,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
 	"github.com/detourmesh/detour/internal/manifest"
+	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/nodeagent"
 )
@@ -329,11 +331,32 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 			}
 		}
 		if err := c.exec.Check(ctx, netns, rs); err != nil {
+			if newer := injectedByNewer(a[annotations.Injected]); newer != "" {
+				// After a rollback: the newer release's plugin may have installed rules this one
+				// does not know of, so a difference says nothing about the pod's redirect.
+				c.warn("%s: %v; the pod was injected by detour %s, newer than this one (%s), whose rules this check cannot judge: run that release's detour check, or recreate the pod (kubectl rollout restart) to give it this release's rules", name, err, newer, version.Version)
+				continue
+			}
 			c.fail("%s: %v", name, err)
 		} else {
 			c.ok("%s: the %s rules in %s are exactly what detour-cni installs", name, f, netns)
 		}
 	}
+}
+
+// injectedByNewer returns the version in a pod's detour.dev/injected when it is a release
+// newer than this binary's (a pod created before a rollback), else "". A version that does
+// not parse is not newer: the check judges the pod.
+func injectedByNewer(injected string) string {
+	pod, err := utilversion.ParseSemantic(injected)
+	if err != nil {
+		return ""
+	}
+	self, err := utilversion.ParseSemantic(version.Version)
+	if err != nil || !pod.GreaterThan(self) {
+		return ""
+	}
+	return injected
 }
 
 // hasGlobalIPv6 reports whether the network namespace at path has a global IPv6 address.

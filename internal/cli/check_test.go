@@ -14,6 +14,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/clustercheck"
+	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/testenv"
 )
@@ -102,7 +103,7 @@ func TestCheckCNIConfig(t *testing.T) {
 }
 
 // check --netns compares a pod namespace's live rules with its annotations and names the first
-// difference.
+// difference; for a pod injected by a newer detour than itself it warns instead of failing.
 func TestIntegrationCheckPodRules(t *testing.T) {
 	ns := testenv.NewNetNS(t)
 	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, ExemptGIDs: []uint32{2601}}
@@ -125,6 +126,18 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 	}
 	if !strings.Contains(out, "✓ Pod web: no IPv6 address in "+ns.Path+", and no IPv6 rules") {
 		t.Errorf("an IPv4-only pod's IPv6 check:\n%s", out)
+	}
+
+	// A pod injected by a newer detour (before a rollback) whose rules differ: ‼, not ✗.
+	newer := r.Annotations()
+	newer[annotations.Injected] = "v99.0.0"
+	b, _ = yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": newer}})
+	newerFile := filepath.Join(t.TempDir(), "newer.yaml")
+	os.WriteFile(newerFile, b, 0o644)
+	empty := testenv.NewNetNS(t)
+	out, _, err = run(t, "", "check", "--cni-conf-dir=", "-f", newerFile, "--netns", empty.Path)
+	if err != nil || !strings.Contains(out, "‼ Pod web: check ipv4 rules in") || !strings.Contains(out, "injected by detour v99.0.0, newer than this one") {
+		t.Errorf("check of a pod injected by a newer detour, without its rules: %v\n%s", err, out)
 	}
 
 	// A pod with an IPv6 address must have IPv6 rules.
@@ -199,5 +212,24 @@ func TestIntegrationCheckPodRulesNFTables(t *testing.T) {
 		if err != nil || !strings.Contains(out, want) {
 			t.Errorf("check after installing the rules: %v, want %q in\n%s", err, want, out)
 		}
+	}
+}
+
+// injectedByNewer tells a pod injected by a newer release apart; anything else, including a
+// version that does not parse, is judged by the check.
+func TestInjectedByNewer(t *testing.T) {
+	defer func(v string) { version.Version = v }(version.Version)
+	version.Version = "v0.2.0"
+	for in, want := range map[string]string{
+		"v0.3.0": "v0.3.0", "v0.2.1": "v0.2.1", "v1.0.0-rc.1": "v1.0.0-rc.1",
+		"v0.2.0": "", "v0.1.0": "", "v0.2.0-e2e": "", "v1": "", "": "", "latest": "",
+	} {
+		if got := injectedByNewer(in); got != want {
+			t.Errorf("injectedByNewer(%q) with detour v0.2.0 = %q, want %q", in, got, want)
+		}
+	}
+	version.Version = "v0.2.0-dev.abc123"
+	if got := injectedByNewer("v0.2.0"); got != "v0.2.0" {
+		t.Errorf("a dev build of v0.2.0 judging a v0.2.0 pod: %q, want it newer", got)
 	}
 }

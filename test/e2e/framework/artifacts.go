@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 
@@ -32,7 +33,12 @@ type Artifacts struct {
 	workloadBin string
 }
 
-const e2eVersion = "v0.0.0-e2e"
+// e2eVersion is the version the e2e's detour reports: the release in VERSION, as a
+// pre-release ("v0.2.0-e2e"), so that it orders against the previous release as the working
+// tree's own builds do.
+func e2eVersion(root string) string {
+	return "v" + strings.TrimSpace(ReadFile(filepath.Join(root, "VERSION"))) + "-e2e"
+}
 
 func buildArtifacts(ctx context.Context, root, bin string) (*Artifacts, error) {
 	dir, err := os.MkdirTemp("", "detour-e2e-artifacts-")
@@ -42,7 +48,7 @@ func buildArtifacts(ctx context.Context, root, bin string) (*Artifacts, error) {
 	a := &Artifacts{dir: dir, Repo: "detour.test/detour", Tag: "e2e"}
 	for _, cmd := range []string{"detour", "detour-cni"} {
 		build := exec.CommandContext(ctx, "go", "build", "-trimpath",
-			"-ldflags", "-s -w -X github.com/detourmesh/detour/internal/version.Version="+e2eVersion,
+			"-ldflags", "-s -w -X github.com/detourmesh/detour/internal/version.Version="+e2eVersion(root),
 			"-o", filepath.Join(dir, cmd), "./cmd/"+cmd)
 		build.Dir = root
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -50,7 +56,7 @@ func buildArtifacts(ctx context.Context, root, bin string) (*Artifacts, error) {
 			return nil, fmt.Errorf("go build %s: %w\n%s", cmd, err, out)
 		}
 	}
-	spec := image.DetourSpec(dir, e2eVersion)
+	spec := image.DetourSpec(dir, e2eVersion(root))
 	spec.Ref = a.Repo + ":" + a.Tag
 	img, err := image.Build(spec)
 	if err != nil {

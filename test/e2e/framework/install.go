@@ -176,7 +176,7 @@ func (e *Env) UseRegistry(t testing.TB, ctx context.Context) {
 		repo := r.Host + "/detour"
 		bin := filepath.Join(e.Node.Dir, "image-push-bin")
 		out, stderr, err := e.Node.RunSplit(ctx, goEnv(t), "make", "-C", e.Root, "image-push",
-			"IMAGE="+repo+":"+e.Artifacts.Tag, "VERSION="+e2eVersion+"-registry", "BIN="+bin)
+			"IMAGE="+repo+":"+e.Artifacts.Tag, "VERSION="+e2eVersion(e.Root)+".registry", "BIN="+bin)
 		if err != nil {
 			t.Fatalf("make image-push: %v\n%s\n%s", err, out, stderr)
 		}

@@ -201,11 +201,20 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *framework.Env) {
 		t.Fatalf("the Job's pod: %v (%d pods)", err, len(pods))
 	}
 	p := pods[0]
-	// The validator's check ran at the proxy's start (validator.mode auto on this node): the
-	// proxy is the first init container, and nothing of the check keeps the Job alive.
+	// The validator's check ran where validator.mode auto puts it on this release: at the
+	// proxy's start, the proxy the first init container (1.35 and later), or in the validator
+	// container before it; either way nothing of the check keeps the Job alive.
+	atProxyStart := autoChecksAtProxyStart(e)
 	proxy := p.Spec.InitContainers[0]
-	if !framework.ChecksAtProxyStart(&p) || proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
-		t.Errorf("first init container %s (restartPolicy %v, detour.dev/validator %q), want the native detour-proxy running the check", proxy.Name, proxy.RestartPolicy, p.Annotations[annotations.Validator])
+	if !atProxyStart {
+		if proxy.Name != annotations.ValidatorContainer || len(p.Spec.InitContainers) < 2 {
+			t.Errorf("first init container %s, want %s (the check in the validator container on this release)", proxy.Name, annotations.ValidatorContainer)
+		} else {
+			proxy = p.Spec.InitContainers[1]
+		}
+	}
+	if framework.ChecksAtProxyStart(&p) != atProxyStart || proxy.Name != "detour-proxy" || proxy.RestartPolicy == nil || *proxy.RestartPolicy != corev1.ContainerRestartPolicyAlways {
+		t.Errorf("init container %s (restartPolicy %v, detour.dev/validator %q), want the native detour-proxy with the check in %s", proxy.Name, proxy.RestartPolicy, p.Annotations[annotations.Validator], checkPlace(atProxyStart))
 	}
 	// Both the init container's and the app's dial went through the proxy.
 	if log := e.Logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.Server) < 2 {

@@ -6,16 +6,21 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/clustercheck"
 	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
@@ -24,24 +29,11 @@ import (
 // detour chains after it by its network's name, cilium, through the drop-in. Every node is
 // registered with detour's startup taint, as docs/operations.md tells admins to.
 //
-// `make e2e-cluster` runs it (build tag cluster), with TestE2ECluster and TestE2EFlannel; each
-// starts a cluster of its own and stops it when it ends.
+// `make e2e-cluster` runs it (build tag cluster), with TestE2ECluster, TestE2EFlannel and
+// TestE2ECiliumKPR; each starts a cluster of its own and stops it when it ends.
 func TestE2ECilium(t *testing.T) {
-	framework.RequireCilium(t)
 	start := time.Now()
-	e := framework.OwnEnv(t, framework.Options{Cilium: &framework.CiliumConfig{}, Taints: []string{framework.StartupTaint + ":NoSchedule"}})
-	ctx, cancel := framework.Context(t, e.Node, 45*time.Minute)
-	defer cancel()
-	t.Logf("the Cilium node is Ready with cilium-agent healthy %s after the start", time.Since(start).Round(time.Second))
-	e.InstallDetour(t, ctx, "")
-	e.SetNodeAgent(t, ctx, e.Node, true)
-	framework.WaitFor(t, ctx, "the node agent to remove the startup taint", 2*time.Minute, func() (bool, error) {
-		node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, e.Node.Name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return !framework.HasStartupTaint(node), framework.Seen("taints %v", node.Spec.Taints)
-	})
+	e, ctx := ciliumCluster(t, framework.CiliumConfig{}, 45*time.Minute)
 	b := e.Join(t, ctx, "e2e-node-b")
 	third := e.Join(t, ctx, "e2e-node-e")
 	nodes := []*framework.Node{e.Node, b, third}
@@ -65,6 +57,42 @@ func TestE2ECilium(t *testing.T) {
 			return
 		}
 	}
+}
+
+// TestE2ECiliumKPR runs the story of Cilium's kube-proxy replacement (issue 35): a cluster of
+// its own, since the replacement is chosen when a cluster starts (its nodes run no
+// kube-proxy), of one node, where Cilium serves the Services itself with socket load balancing
+// in the pods' namespaces, as its chart does with kubeProxyReplacement true and
+// socketLB.hostNamespaceOnly left false; detour chains after it through the drop-in.
+//
+// `make e2e-cluster` runs it after TestE2ECilium (its -run pattern matches both names).
+func TestE2ECiliumKPR(t *testing.T) {
+	e, ctx := ciliumCluster(t, framework.CiliumConfig{KubeProxyReplacement: true}, 20*time.Minute)
+	t.Run("socket-lb-host-namespace-only", func(t *testing.T) { ciliumSocketLB(t, ctx, e) })
+}
+
+// ciliumCluster starts a Cilium cluster of the test's own with cfg, its control-plane node
+// registered with detour's startup taint, installs detour and its node agent there, and
+// returns once the agent has removed the taint. The context it returns ends after want (see
+// [framework.Context]), or when the test does.
+func ciliumCluster(t *testing.T, cfg framework.CiliumConfig, want time.Duration) (*framework.Env, context.Context) {
+	t.Helper()
+	framework.RequireCilium(t)
+	start := time.Now()
+	e := framework.OwnEnv(t, framework.Options{Cilium: &cfg, Taints: []string{framework.StartupTaint + ":NoSchedule"}})
+	ctx, cancel := framework.Context(t, e.Node, want)
+	t.Cleanup(cancel)
+	t.Logf("the Cilium node is Ready with cilium-agent healthy %s after the start", time.Since(start).Round(time.Second))
+	e.InstallDetour(t, ctx, "")
+	e.SetNodeAgent(t, ctx, e.Node, true)
+	framework.WaitFor(t, ctx, "the node agent to remove the startup taint", 2*time.Minute, func() (bool, error) {
+		node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, e.Node.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return !framework.HasStartupTaint(node), framework.Seen("taints %v", node.Spec.Taints)
+	})
+	return e, ctx
 }
 
 // ciliumChained: on every node, cilium-agent wrote its conflist, which detour left as it was,
@@ -316,4 +344,152 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 	})
 	e.DropNamespaces(t, ctx, "exclusive-entry")
 	t.Logf("cni.exclusive true, in-file entry, 30 s without restarts: %d of %d pods started without rules", entry.failed, entry.pods)
+}
+
+// ciliumSocketLB: with kube-proxy replacement, Cilium load-balances a Service at connect(), in
+// the namespace of the process that connects. In a meshed pod that comes before detour's
+// redirect: the client's connection to a ClusterIP reaches its proxy with a backend pod's IP as
+// the original destination, and the proxy cannot route by Service. `detour check --cluster`
+// reads it from cilium-config and fails its primary-cni check with the fix,
+// socketLB.hostNamespaceOnly=true. With the fix (a helm upgrade of Cilium's values and the
+// agents' restart), the check passes, and a new client's connection to the same ClusterIP
+// reaches its proxy with the ClusterIP as the original destination; Cilium translates it
+// after the pod, on the packets the proxy sends.
+func ciliumSocketLB(t *testing.T, ctx context.Context, e *framework.Env) {
+	n := e.Node
+	if mode := kubeProxyMode(ctx, n); mode == "nftables" || mode == "iptables" || mode == "ipvs" {
+		t.Errorf("kube-proxy runs on %s in mode %s beside Cilium's kube-proxy replacement", n.Name, mode)
+	}
+	ciliumSetting(t, n, "kube-proxy-replacement", "true")
+	ciliumSetting(t, n, "bpf-lb-sock-hostns-only", "false")
+
+	const ns = "socket-lb"
+	e.Namespace(t, ctx, ns, true)
+	defer e.DropNamespaces(t, ctx, ns)
+	if _, err := n.Client.CoreV1().Pods(ns).Create(ctx, e.Pod("web", ns), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := n.Client.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"name": "web"},
+			Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterIP := net.JoinHostPort(svc.Spec.ClusterIP, "80")
+	web := e.WaitReady(t, ctx, ns, "name=web", 1)[0]
+	backend := net.JoinHostPort(web.Status.PodIP, "8080")
+
+	// Socket LB in the pods' namespaces: the check fails with the fix, and the proxy sees the
+	// backend.
+	report, failed := e.CheckCluster(t, ctx)
+	framework.WantCheck(t, report, "primary-cni", clustercheck.Error, "load-balances Services at connect() inside the pods")
+	res, _ := report.Result("primary-cni")
+	if !strings.Contains(res.Fix, "socketLB.hostNamespaceOnly=true") {
+		t.Errorf("check primary-cni: the fix %q does not say socketLB.hostNamespaceOnly=true", res.Fix)
+	}
+	if !failed {
+		t.Errorf("detour check --cluster exited 0 with socket load balancing in the pods' namespaces: %+v", report.Results)
+	}
+	t.Logf("socket LB in the pods' namespaces: detour check --cluster %s %s\n    fix: %s", res.Status.Symbol(), res.Message, res.Fix)
+	before := ciliumClientDests(t, ctx, e, ns, "client-before", clusterIP)
+	if !slices.Contains(before, backend) || slices.Contains(before, clusterIP) {
+		t.Errorf("socket LB in the pods' namespaces: the client's proxy saw original destinations %v for its connection to the ClusterIP %s, want the backend %s and not the ClusterIP", before, clusterIP, backend)
+	}
+
+	began := time.Now()
+	if err := n.SetCilium(ctx, framework.CiliumConfig{KubeProxyReplacement: true, SocketLBHostNamespaceOnly: true}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("socketLB.hostNamespaceOnly=true: cilium-agent healthy again %s after the helm upgrade", time.Since(began).Round(100*time.Millisecond))
+	ciliumSetting(t, n, "bpf-lb-sock-hostns-only", "true")
+
+	// Socket LB in the host's namespace only: the check passes, and the proxy sees the
+	// ClusterIP.
+	report, failed = e.CheckCluster(t, ctx)
+	framework.WantCheck(t, report, "primary-cni", clustercheck.OK, "socket load balancing stays in the host's namespace")
+	if failed {
+		t.Errorf("detour check --cluster failed with socketLB.hostNamespaceOnly=true: %+v", report.Results)
+	}
+	res, _ = report.Result("primary-cni")
+	t.Logf("socketLB.hostNamespaceOnly=true: detour check --cluster %s %s (%d errors, %d warnings)", res.Status.Symbol(), res.Message, report.Errors, report.Warnings)
+	after := ciliumClientDests(t, ctx, e, ns, "client-after", clusterIP)
+	if !slices.Contains(after, clusterIP) || slices.Contains(after, backend) {
+		t.Errorf("socketLB.hostNamespaceOnly=true: the client's proxy saw original destinations %v for its connection to the ClusterIP %s, want the ClusterIP and not the backend %s", after, clusterIP, backend)
+	}
+	t.Logf("a meshed client's connection to the ClusterIP %s (backend %s) reached its proxy with original destination %v with socket LB in the pods' namespaces, %v with socketLB.hostNamespaceOnly=true",
+		clusterIP, backend, before, after)
+}
+
+// ciliumSetting fails t unless the agent on n reads key of cilium-config as want (its config
+// dir, as the kubelet would project the ConfigMap into its pod).
+func ciliumSetting(t *testing.T, n *framework.Node, key, want string) {
+	t.Helper()
+	if got := strings.TrimSpace(framework.ReadFile(filepath.Join(n.Dir, "cilium", "config-map", key))); got != want {
+		t.Fatalf("node %s: the agent's configuration says %s %q, want %q", n.Name, key, got, want)
+	}
+}
+
+// ciliumClientDests creates a meshed client pod, name in ns, whose app dials target once, and
+// returns the original destinations its proxy logged for the app's outbound connections (the
+// test server's, which the pod's init container dials, left out).
+func ciliumClientDests(t *testing.T, ctx context.Context, e *framework.Env, ns, name, target string) []string {
+	t.Helper()
+	client := e.Pod(name, ns)
+	client.Spec.Containers[0].Args = []string{"dial", "-must", "-retry", "60s", "-addr", target, "then", "sleep"}
+	client.Spec.Containers[0].ReadinessProbe = nil
+	client.Spec.RestartPolicy = corev1.RestartPolicyNever
+	if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.WaitFor(t, ctx, name+" to reach "+target, 2*time.Minute, func() (bool, error) {
+		p, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Status.Phase == corev1.PodFailed {
+			return false, fmt.Errorf("%s failed: %s", name, e.Logs(ctx, ns, name, "app"))
+		}
+		log := e.Logs(ctx, ns, name, "app")
+		return strings.Contains(log, "dial "+target+" ok: web"), framework.Seen("%s is %s; its app logged %q", name, p.Status.Phase, log)
+	})
+	p, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !annotations.IsInjected(p.Annotations) {
+		t.Fatalf("%s is not injected: %v", name, p.Annotations)
+	}
+	var dests []string
+	framework.WaitFor(t, ctx, "the proxy of "+name+" to log the app's connection", 30*time.Second, func() (bool, error) {
+		proxyLog := e.LogsAll(ctx, ns, name, "detour-proxy")
+		dests = proxyDests(proxyLog, e.Server)
+		return len(dests) > 0, framework.Seen("its log:\n%s", proxyLog)
+	})
+	return dests
+}
+
+// proxyDests are the original destinations of the outbound connections in a test proxy's log
+// ("proxy outbound <peer> -> <destination>[ failed: ...]"), each once, in the order of the
+// log, but skip.
+func proxyDests(log, skip string) []string {
+	var dests []string
+	for line := range strings.SplitSeq(log, "\n") {
+		rest, ok := strings.CutPrefix(line, "proxy outbound ")
+		if !ok {
+			continue
+		}
+		_, dst, ok := strings.Cut(rest, " -> ")
+		if !ok {
+			continue
+		}
+		dst, _, _ = strings.Cut(dst, " ")
+		if dst != skip && !slices.Contains(dests, dst) {
+			dests = append(dests, dst)
+		}
+	}
+	return dests
 }

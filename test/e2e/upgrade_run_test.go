@@ -128,6 +128,10 @@ func (u *upgradeRun) watch(ctx context.Context) {
 }
 
 func (u *upgradeRun) observe(p *corev1.Pod) {
+	if p.Labels[upgradeLabel] == "steady" {
+		u.steadyReadiness(p)
+		return
+	}
 	u.mu.Lock()
 	cp := u.pods[p.Name]
 	if cp == nil || p.DeletionTimestamp != nil {
@@ -171,6 +175,61 @@ func (u *upgradeRun) observe(p *corev1.Pod) {
 	if queue {
 		u.queue <- *p.DeepCopy()
 	}
+}
+
+// steadyReadiness logs each change of an existing meshed pod's readiness (which takes it out of
+// its Service's endpoints), with the phase: the context of a failed request through it.
+func (u *upgradeRun) steadyReadiness(p *corev1.Pod) {
+	ready := framework.PodReady(p)
+	u.mu.Lock()
+	was, seen := u.steadyReady[p.Name]
+	u.steadyReady[p.Name] = ready
+	u.trackNoBackend()
+	phase := ""
+	if len(u.phases) > 0 {
+		phase = u.phases[len(u.phases)-1].name
+	}
+	u.mu.Unlock()
+	if seen && was != ready {
+		u.t.Logf("upgrade: steady pod %s Ready %v at %s (%s): %s", p.Name, ready, time.Now().UTC().Format("15:04:05.000"), phase, framework.ContainerStates(p))
+	}
+}
+
+// trackNoBackend opens a window when no steady pod is Ready (the Service has no backend) and
+// closes it endpointLag after one is again, for the endpoints and kube-proxy to follow. Called
+// with u.mu held.
+func (u *upgradeRun) trackNoBackend() {
+	ready := 0
+	for _, r := range u.steadyReady {
+		if r {
+			ready++
+		}
+	}
+	now := time.Now()
+	open := len(u.noBackend) > 0 && u.noBackend[len(u.noBackend)-1].to.IsZero()
+	switch {
+	case ready == 0 && !open:
+		u.noBackend = append(u.noBackend, window{from: now})
+	case ready > 0 && open:
+		u.noBackend[len(u.noBackend)-1].to = now.Add(endpointLag)
+	}
+}
+
+// endpointLag is how long after a pod is Ready again its Service may still lack it.
+const endpointLag = 3 * time.Second
+
+type window struct{ from, to time.Time }
+
+// withoutBackend reports whether at falls in a window in which no steady pod was Ready.
+func (u *upgradeRun) withoutBackend(at time.Time) bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, w := range u.noBackend {
+		if !at.Before(w.from) && (w.to.IsZero() || at.Before(w.to)) {
+			return true
+		}
+	}
+	return false
 }
 
 // checkWorker proves each queued pod captured — the app sees the node's connection come from
@@ -263,7 +322,12 @@ func (u *upgradeRun) clientDials(ctx context.Context, addr string) {
 		}
 		dials++
 		u.count(at, figRequests, 1)
-		if !strings.HasPrefix(msg, "dial "+addr+" ok: ") || !strings.Contains(msg, "peer=127.0.0.1:") {
+		switch {
+		case strings.HasPrefix(msg, "dial "+addr+" ok: ") && strings.Contains(msg, "peer=127.0.0.1:"):
+		case !strings.HasPrefix(msg, "dial "+addr+" ok: ") && u.withoutBackend(at):
+			u.count(at, figNoBackend, 1)
+			u.t.Logf("upgrade: the mesh client at %s, while no steady pod was Ready: %s", at.UTC().Format("15:04:05.000"), msg)
+		default:
 			u.count(at, figFailed, 1)
 			u.note("the mesh client at %s: %s", at.UTC().Format("15:04:05.000"), msg)
 		}

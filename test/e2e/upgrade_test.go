@@ -134,7 +134,11 @@ type upgradeRun struct {
 	notes []string
 	// steady are the existing meshed pods' UIDs and restart counts when the story began.
 	steady map[string]int32
-	queue  chan corev1.Pod
+	// steadyReady is each existing meshed pod's readiness as last seen, by name.
+	steadyReady map[string]bool
+	// noBackend are the windows in which no steady pod was Ready.
+	noBackend []window
+	queue     chan corev1.Pod
 	// quiet creates the pods: the admin's client without the webhook's warnings in the log.
 	quiet kubernetes.Interface
 	// installed is the release whose detour check the checkpoint runs besides the working
@@ -177,6 +181,9 @@ const (
 	figUninjected   = "pods admitted without injection"
 	figRequests     = "requests through the existing pods' proxies (node → pod, mesh client → Service)"
 	figFailed       = "of them failed"
+	// A Service without a Ready backend fails its clients, meshed or not: a kubelet before 1.35
+	// resets its pods' readiness when it restarts (pkg/kubelet/prober/worker.go).
+	figNoBackend    = "mesh client → Service dials that failed while no steady pod was Ready"
 	figChecked      = "pods whose rules detour check compared after the step (every live injected pod)"
 	figCheckFailed  = "of them reported by detour check -f --netns (CNI CHECK)"
 	figClusterCheck = "pods reported by detour check --cluster after the step"
@@ -187,7 +194,7 @@ const (
 
 var upgradeFigureOrder = []string{
 	figCreated, figByPrevious, figByCurrent, figFolded, figInitCheck, figCaptured, figBypassed, figUnverified, figCaught, figNeverReady,
-	figSandbox, figRefused, figCreateErrors, figUninjected, figRequests, figFailed, figChecked, figCheckFailed, figCheckedByInstalled, figInstalledCheckFailed, figClusterCheck,
+	figSandbox, figRefused, figCreateErrors, figUninjected, figRequests, figFailed, figNoBackend, figChecked, figCheckFailed, figCheckedByInstalled, figInstalledCheckFailed, figClusterCheck,
 }
 
 var mustBeZero = []string{
@@ -201,7 +208,7 @@ var mustBeZero = []string{
 // It returns the run, for the story's own assertions on the figures of its phases.
 func runUpgrade(t *testing.T, ctx context.Context, e *framework.Env, plan upgradePlan) *upgradeRun {
 	u := &upgradeRun{t: t, e: e, figures: map[string][]int{}, pods: map[string]*createdPod{},
-		steady: map[string]int32{}, queue: make(chan corev1.Pod, 1000)}
+		steady: map[string]int32{}, steadyReady: map[string]bool{}, queue: make(chan corev1.Pod, 1000)}
 	cfg := rest.CopyConfig(e.Node.Config)
 	cfg.WarningHandler = rest.NoWarnings{}
 	var err error

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -45,30 +44,8 @@ func TestNetpolCilium(t *testing.T) {
 		t.Fatalf("e2e.test --list-tests: %v", err)
 	}
 	tests := upstream.SelectNetpol(string(list))
-	procs := 3
-	if v := os.Getenv("DETOUR_CONFORMANCE_PROCS"); v != "" {
-		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
-			t.Fatalf("DETOUR_CONFORMANCE_PROCS=%q: want a number of processes, 1 or more", v)
-		}
-	}
-	dir := os.Getenv("DETOUR_NETPOL_DIR")
-	if dir == "" {
-		dir = filepath.Join(e.Root, "bin", "netpol-cilium")
-	}
-	if dir, err = filepath.Abs(dir); err != nil {
-		t.Fatal(err)
-	}
-	run := func(prefix string) ([]upstream.Result, time.Duration) {
-		t.Helper()
-		o := upstreamOptions(e, dir, prefix, tests, 3*time.Hour)
-		o.Procs, o.Ginkgo = procs, e.Node.Bin("ginkgo")
-		start := time.Now()
-		results, err := upstream.Run(ctx, e.Node.RunSplit, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return results, time.Since(start)
-	}
+	dir := reportDir(t, e, "DETOUR_NETPOL_DIR", "netpol-cilium")
+	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")
 
 	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -39,30 +40,8 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("e2e.test --list-tests: %v", err)
 	}
 	tests := upstream.Select(string(list))
-	procs := 3
-	if v := os.Getenv("DETOUR_CONFORMANCE_PROCS"); v != "" {
-		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
-			t.Fatalf("DETOUR_CONFORMANCE_PROCS=%q: want a number of processes, 1 or more", v)
-		}
-	}
-	dir := os.Getenv("DETOUR_CONFORMANCE_DIR")
-	if dir == "" {
-		dir = filepath.Join(e.Root, "bin", "conformance")
-	}
-	if dir, err = filepath.Abs(dir); err != nil {
-		t.Fatal(err)
-	}
-	run := func(prefix string) ([]upstream.Result, time.Duration) {
-		t.Helper()
-		o := upstreamOptions(e, dir, prefix, tests, 3*time.Hour)
-		o.Procs, o.Ginkgo = procs, e.Node.Bin("ginkgo")
-		start := time.Now()
-		results, err := upstream.Run(ctx, e.Node.RunSplit, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return results, time.Since(start)
-	}
+	dir := reportDir(t, e, "DETOUR_CONFORMANCE_DIR", "conformance")
+	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")
 
 	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
@@ -106,4 +85,42 @@ func kubernetesVersion(e *framework.Env) string {
 		return fmt.Sprintf("(no version: %v)", err)
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// reportDir is where a run of Kubernetes' tests writes its reports: $env, or bin/def of the
+// repository, as an absolute path.
+func reportDir(t *testing.T, e *framework.Env, env, def string) string {
+	dir := os.Getenv(env)
+	if dir == "" {
+		dir = filepath.Join(e.Root, "bin", def)
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// upstreamRunner returns a run of tests of e2e.test against e's cluster, with
+// DETOUR_CONFORMANCE_PROCS (default 3) parallel processes, writing to dir under prefix; it
+// returns the results and how long the run took. It returns the number of processes too.
+func upstreamRunner(t *testing.T, ctx context.Context, e *framework.Env, dir string, tests []string) (func(prefix string) ([]upstream.Result, time.Duration), int) {
+	procs := 3
+	if v := os.Getenv("DETOUR_CONFORMANCE_PROCS"); v != "" {
+		var err error
+		if procs, err = strconv.Atoi(v); err != nil || procs < 1 {
+			t.Fatalf("DETOUR_CONFORMANCE_PROCS=%q: want a number of processes, 1 or more", v)
+		}
+	}
+	return func(prefix string) ([]upstream.Result, time.Duration) {
+		t.Helper()
+		o := upstreamOptions(e, dir, prefix, tests, 3*time.Hour)
+		o.Procs, o.Ginkgo = procs, e.Node.Bin("ginkgo")
+		start := time.Now()
+		results, err := upstream.Run(ctx, e.Node.RunSplit, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return results, time.Since(start)
+	}, procs
 }

@@ -15,11 +15,7 @@ const (
 
 // ParseInjectMode parses the value of [Inject].
 func ParseInjectMode(value string) (InjectMode, error) {
-	switch m := InjectMode(strings.TrimSpace(value)); m {
-	case InjectEnabled, InjectDisabled:
-		return m, nil
-	}
-	return "", errorf(Inject, value, "use \"enabled\" or \"disabled\"")
+	return parseOneOf(Inject, value, "", InjectEnabled, InjectDisabled)
 }
 
 // SidecarModeValue is the value of [SidecarMode].
@@ -32,11 +28,7 @@ const (
 
 // ParseSidecarMode parses the value of [SidecarMode].
 func ParseSidecarMode(value string) (SidecarModeValue, error) {
-	switch m := SidecarModeValue(strings.TrimSpace(value)); m {
-	case SidecarContainer, SidecarNative:
-		return m, nil
-	}
-	return "", errorf(SidecarMode, value, "use \"container\" or \"native\"")
+	return parseOneOf(SidecarMode, value, "", SidecarContainer, SidecarNative)
 }
 
 // ValidatorModeValue is where the validator's check runs: the value of [ValidatorMode] and of
@@ -56,11 +48,7 @@ const (
 
 // ParseValidatorMode parses the value of [ValidatorMode].
 func ParseValidatorMode(value string) (ValidatorModeValue, error) {
-	switch m := ValidatorModeValue(strings.TrimSpace(value)); m {
-	case ValidatorAuto, ValidatorInitContainer, ValidatorImageVolume:
-		return m, nil
-	}
-	return "", errorf(ValidatorMode, value, "use \"auto\", \"init-container\" or \"image-volume\"")
+	return parseOneOf(ValidatorMode, value, "", ValidatorAuto, ValidatorInitContainer, ValidatorImageVolume)
 }
 
 // StartGateValue is what holds a pod's next containers until its proxy (a native sidecar) has
@@ -81,11 +69,7 @@ const (
 
 // ParseStartGate parses the value of [ProxyStartGate].
 func ParseStartGate(value string) (StartGateValue, error) {
-	switch m := StartGateValue(strings.TrimSpace(value)); m {
-	case StartGateAuto, StartGateProbe, StartGateHook:
-		return m, nil
-	}
-	return "", errorf(ProxyStartGate, value, "use \"auto\", \"probe\" or \"hook\"")
+	return parseOneOf(ProxyStartGate, value, "", StartGateAuto, StartGateProbe, StartGateHook)
 }
 
 // InboundCaptureValue is the value of [InboundCapture] and [RedirectInbound], and the webhook
@@ -102,11 +86,23 @@ const (
 
 // ParseInboundCapture parses the value of key ([InboundCapture] or [RedirectInbound]).
 func ParseInboundCapture(key, value string) (InboundCaptureValue, error) {
-	switch m := InboundCaptureValue(strings.TrimSpace(value)); m {
-	case InboundListening, InboundAll:
-		return m, nil
+	return parseOneOf(key, value, "use \"listening\" (inbound connections go to the proxy only where the app listens) or \"all\" (every inbound connection, for a proxy that serves ports itself)", InboundListening, InboundAll)
+}
+
+// parseOneOf parses the value of key, one of allowed (surrounding spaces ignored); the error
+// lists them ("use \"a\", \"b\" or \"c\""), or says rule where one is given.
+func parseOneOf[T ~string](key, value, rule string, allowed ...T) (T, error) {
+	if v := T(strings.TrimSpace(value)); slices.Contains(allowed, v) {
+		return v, nil
 	}
-	return "", errorf(key, value, "use \"listening\" (inbound connections go to the proxy only where the app listens) or \"all\" (every inbound connection, for a proxy that serves ports itself)")
+	if rule == "" {
+		quoted := make([]string, len(allowed))
+		for i, a := range allowed {
+			quoted[i] = `"` + string(a) + `"`
+		}
+		rule = "use " + strings.Join(quoted[:len(quoted)-1], ", ") + " or " + quoted[len(quoted)-1]
+	}
+	return "", errorf(key, value, "%s", rule)
 }
 
 // InitEgressSelection is the parsed value of [InitEgress]: all init containers, none, or the

@@ -152,6 +152,7 @@ type Bridge struct {
 func NewBridge(t testing.TB, dualStack bool) *Bridge {
 	t.Helper()
 	Privileged(t)
+	ShareHost(t) // the bridge and its veths are in the host's network namespace
 	var id [3]byte
 	_, _ = rand.Read(id[:])
 	n, _ := rand.Int(rand.Reader, big.NewInt(120))

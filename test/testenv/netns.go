@@ -56,7 +56,14 @@ func AddRoute(t testing.TB, ns *NetNS, dst netip.Prefix, gw netip.Addr) {
 // LockHost holds, until t ends, a lock that the tests which change the host's own network
 // namespace or count its links and mounts take, so that go test's packages, which run in
 // parallel, do not see each other's (the demo's bridge, a node's leftovers).
-func LockHost(t testing.TB) {
+func LockHost(t testing.TB) { lockHost(t, syscall.LOCK_EX) }
+
+// ShareHost holds, until t ends, the same lock shared: for a test that adds links to the
+// host's network namespace and removes them again (a [Bridge]), beside others that do the same
+// but never while a test that counts the host's links runs.
+func ShareHost(t testing.TB) { lockHost(t, syscall.LOCK_SH) }
+
+func lockHost(t testing.TB, how int) {
 	t.Helper()
 	if err := os.MkdirAll(nsRoot, 0o755); err != nil {
 		t.Fatal(err)
@@ -65,7 +72,7 @@ func LockHost(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+	if err := syscall.Flock(int(f.Fd()), how); err != nil {
 		f.Close()
 		t.Fatalf("lock %s: %v", f.Name(), err)
 	}

@@ -188,7 +188,9 @@ func (n *Node) ciliumCommand() (argv, env []string) {
 	return argv, env
 }
 
-// ciliumValues are the chart's values for the cluster with cfg.
+// ciliumValues are the chart's values for the cluster with cfg. The agent is privileged (a
+// process of the node's, not a container): the chart then leaves procfs at /proc, where an
+// unprivileged agent's DaemonSet mounts the host's at /host/proc.
 func ciliumValues(cfg CiliumConfig) string {
 	return fmt.Sprintf(`cluster: {name: e2e}
 ipam: {mode: kubernetes}
@@ -208,6 +210,7 @@ healthChecking: false
 endpointHealthChecking: {enabled: false}
 operator: {enabled: false}
 envoy: {enabled: false}
+securityContext: {privileged: true}
 `, ciliumHealthPort, cfg.KubeProxyReplacement, NodeIP, APIPort, cfg.SocketLBHostNamespaceOnly, cfg.Exclusive)
 }
 

@@ -212,7 +212,10 @@ func ciliumRestarts(t *testing.T, ctx context.Context, e *framework.Env, nodes [
 	}
 
 	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
-	defer e.InstallDetour(t, ctx, "")
+	defer func() {
+		e.InstallDetour(t, ctx, "")
+		waitDropIn(t, ctx, e, nodes)
+	}()
 	waitInFile(t, ctx, nodes)
 	writes = ciliumWritesAll(nodes)
 	entry := ciliumChurn(t, ctx, e, "churn-cilium-entry", nodes)
@@ -222,7 +225,6 @@ func ciliumRestarts(t *testing.T, ctx context.Context, e *framework.Env, nodes [
 	}
 	t.Logf("cilium-agent restarted on %d nodes (cni.exclusive false): with the drop-in %d of %d pods started without rules (%d restarts, %d conflist writes by Cilium), with the in-file entry %d of %d (%d restarts, %d conflist writes by Cilium)",
 		len(nodes), dropIn.failed, dropIn.pods, dropIn.rewrites, dropInWrites, entry.failed, entry.pods, entry.rewrites, entryWrites)
-	waitDropIn(t, ctx, e, nodes)
 }
 
 func ciliumWritesAll(nodes []*framework.Node) int {

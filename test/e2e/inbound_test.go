@@ -3,9 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +175,7 @@ func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.E
 		return strings.Contains(log, "dial 127.0.0.1:9090 ok: admin"), framework.Seen("%s", log)
 	})
 	e.AssertCaptured(t, ctx, server, "local")
-	if saved := podRules(t, ctx, &server, backend); !strings.Contains(saved, rule) {
+	if saved := podRules(t, ctx, e, &server, backend); !strings.Contains(saved, rule) {
 		t.Errorf("the pod's live rules (%s backend) lack %q:\n%s", backend, rule, saved)
 	}
 
@@ -209,35 +206,16 @@ func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.E
 }
 
 // podRules is the pod's live nat rules (IPv4) as the backend prints them, read from the host
-// through the network namespace of one of the pod's processes.
-func podRules(t *testing.T, ctx context.Context, p *corev1.Pod, backend iptables.Backend) string {
+// through the pod's network namespace.
+func podRules(t *testing.T, ctx context.Context, e *framework.Env, p *corev1.Pod, backend iptables.Backend) string {
 	t.Helper()
-	pid := podProcess(t, p)
-	saved, _, err := iptables.NewExecutor(iptables.WithBackend(backend)).Save(ctx, fmt.Sprintf("/proc/%d/ns/net", pid), iptables.IPv4)
+	netns, err := e.PodNetns(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	saved, _, err := iptables.NewExecutor(iptables.WithBackend(backend)).Save(ctx, netns, iptables.IPv4)
 	if err != nil {
 		t.Fatalf("read the rules of pod %s: %v", p.Name, err)
 	}
 	return saved
-}
-
-// podProcess finds a process of pod p on this machine: one whose cgroup is the pod's (the
-// kubelet's cgroupfs driver names it pod<UID>).
-func podProcess(t *testing.T, p *corev1.Pod) int {
-	t.Helper()
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "pod" + string(p.UID)
-	for _, d := range entries {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		if cg, err := os.ReadFile(filepath.Join("/proc", d.Name(), "cgroup")); err == nil && strings.Contains(string(cg), want) {
-			return pid
-		}
-	}
-	t.Fatalf("no process of pod %s (cgroup %s) on this machine", p.Name, want)
-	return 0
 }

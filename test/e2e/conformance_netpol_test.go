@@ -39,23 +39,12 @@ func TestNetpolCilium(t *testing.T) {
 	defer cancel()
 	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{Images: e.Artifacts.Tarballs})
 
-	list, err := exec.CommandContext(ctx, e.Node.Bin("e2e.test"), "--list-tests").Output()
-	if err != nil {
-		t.Fatalf("e2e.test --list-tests: %v", err)
-	}
-	tests := upstream.SelectNetpol(string(list))
+	tests := upstream.SelectNetpol(listUpstreamTests(t, ctx, e))
 	dir := reportDir(t, e, "DETOUR_NETPOL_DIR", "netpol-cilium")
 	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")
 
-	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
-	for _, n := range e.Node.Nodes() {
-		e.SetNodeAgent(t, ctx, n, true)
-	}
-	rec, err := upstream.Record(ctx, e.Node.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := meshEveryPod(t, ctx, e)
 	logs, err := upstream.FollowProxyLogs(ctx, e.Node.Client)
 	if err != nil {
 		t.Fatal(err)

@@ -35,23 +35,12 @@ func TestConformance(t *testing.T) {
 	defer cancel()
 	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{Images: e.Artifacts.Tarballs})
 
-	list, err := exec.CommandContext(ctx, e.Node.Bin("e2e.test"), "--list-tests").Output()
-	if err != nil {
-		t.Fatalf("e2e.test --list-tests: %v", err)
-	}
-	tests := upstream.Select(string(list))
+	tests := upstream.Select(listUpstreamTests(t, ctx, e))
 	dir := reportDir(t, e, "DETOUR_CONFORMANCE_DIR", "conformance")
 	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")
 
-	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
-	for _, n := range e.Node.Nodes() {
-		e.SetNodeAgent(t, ctx, n, true)
-	}
-	rec, err := upstream.Record(ctx, e.Node.Client)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := meshEveryPod(t, ctx, e)
 	with, tookWith := run("with-detour-")
 	rec.Stop()
 
@@ -123,4 +112,27 @@ func upstreamRunner(t *testing.T, ctx context.Context, e *framework.Env, dir str
 		}
 		return results, time.Since(start)
 	}, procs
+}
+
+// listUpstreamTests is e2e.test's list of its tests (--list-tests).
+func listUpstreamTests(t *testing.T, ctx context.Context, e *framework.Env) string {
+	list, err := exec.CommandContext(ctx, e.Node.Bin("e2e.test"), "--list-tests").Output()
+	if err != nil {
+		t.Fatalf("e2e.test --list-tests: %v", err)
+	}
+	return string(list)
+}
+
+// meshEveryPod installs detour injecting every pod (defaultInject enabled) with its node agent
+// on every node, and starts recording the pods created from then on.
+func meshEveryPod(t *testing.T, ctx context.Context, e *framework.Env) *upstream.Recorder {
+	e.InstallDetour(t, ctx, "webhook:\n  config:\n    defaultInject: enabled\n")
+	for _, n := range e.Node.Nodes() {
+		e.SetNodeAgent(t, ctx, n, true)
+	}
+	rec, err := upstream.Record(ctx, e.Node.Client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }

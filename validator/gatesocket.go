@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -22,13 +24,30 @@ import (
 //     containers while a failing check still runs. Ended, the proxy is started again — with the
 //     hook — by the next kubelet;
 //   - the hook reports a failed check's message, which the kubelet shows as the hook's error
-//     (PostStartHookError), instead of dying with the check.
+//     (PostStartHookError), instead of dying with the check;
+//   - a check that failed and told a hook does not exit by itself: it waits for the kubelet to stop
+//     the container, which the kubelet does as soon as the hook has failed. A container that ends
+//     on its own just then is, for some milliseconds, gone from containerd but still "running" in
+//     its CRI status (containerd deletes the task before it records the exit,
+//     internal/cri/server/events.go in v2.4.2, and a StopContainer in that window returns at once,
+//     container_stop.go:128–137); a relist in that window shows the kubelet a running proxy without a
+//     startup probe, which it counts as started, and it starts the pod's next container behind the
+//     failed check. Stopped by the kubelet, the container's exit is recorded before StopContainer
+//     returns, so the kubelet's next look sees it exited.
 //
 // docs/webhook.md, "The proxy's start gate", says what is left: a kubelet that dies between the
 // proxy's start and the hook's connection.
 
 // GateSocket is the abstract unix socket name of the check on checkPort.
 func GateSocket(checkPort uint16) string { return fmt.Sprintf("@detour-check-%d", checkPort) }
+
+// StopWait bounds how long a check that failed and told a hook waits for the kubelet to stop its
+// container (it does so right after the hook returns). A kubelet that dies in between leaves the
+// check to exit after it.
+const StopWait = 5 * time.Second
+
+// gateStopped is the cause of a check ended by SIGTERM or SIGINT.
+var gateStopped = errors.New("the container was stopped before the check decided")
 
 // gateAbort is the cause of a check ended by its hook's going away.
 var gateAbort = errors.New("the start gate's postStart hook ended before the check decided (the kubelet that ran it stopped waiting: it restarted, or the pod is being deleted); ending the check, so that no container of the pod starts before a check has passed — the kubelet starts the proxy again")
@@ -39,21 +58,35 @@ type GateServer struct {
 	cancel context.CancelCauseFunc
 	// joined is closed when the first hook connects; accepted when the accept loop has ended.
 	joined, accepted chan struct{}
-	mu               sync.Mutex
-	conns            []net.Conn
-	done             bool
+	// signals receives SIGTERM and SIGINT until the verdict has been given; stopped is closed at
+	// the first; stopWait is [StopWait].
+	signals  chan os.Signal
+	stopped  chan struct{}
+	stopWait time.Duration
+	mu       sync.Mutex
+	conns    []net.Conn
+	done     bool
 }
 
-// ListenGate opens the check's socket for checkPort; ctx is cancelled (cause: the hook went away)
-// when a hook that connected goes away before [GateServer.Verdict]. An error (the name is taken)
-// leaves the check without a hook to tell: it runs as before.
+// ListenGate opens the check's socket for checkPort; ctx is cancelled when a hook that connected
+// goes away before [GateServer.Verdict], or when the container is stopped (SIGTERM, SIGINT),
+// which the check takes itself until its verdict. An error (the name is taken) leaves the check
+// without a hook to tell: it runs as before.
 func ListenGate(ctx context.Context, checkPort uint16) (*GateServer, context.Context, error) {
 	ln, err := net.Listen("unix", GateSocket(checkPort))
 	if err != nil {
 		return nil, ctx, fmt.Errorf("listen on the start gate's socket %s: %w", GateSocket(checkPort), err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
-	g := &GateServer{ln: ln, cancel: cancel, joined: make(chan struct{}), accepted: make(chan struct{})}
+	g := &GateServer{ln: ln, cancel: cancel, joined: make(chan struct{}), accepted: make(chan struct{}),
+		signals: make(chan os.Signal, 1), stopped: make(chan struct{}), stopWait: StopWait}
+	signal.Notify(g.signals, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		if _, ok := <-g.signals; ok {
+			close(g.stopped)
+			cancel(gateStopped)
+		}
+	}()
 	go g.accept()
 	return g, ctx, nil
 }
@@ -91,12 +124,17 @@ func (g *GateServer) accept() {
 // Verdict tells the hooks the check's outcome (err nil: passed) and closes the socket (nothing
 // on a nil GateServer: no socket). After a failure it waits up to hookWait for a hook to join
 // when none has — a check that finds no redirect may fail before the kubelet's exec of the hook
-// has begun — and gives the hooks up to a second to read the verdict, so that each reports the
-// check's message before the check's exit ends them.
+// has begun — gives the hooks up to a second to read the verdict, so that each reports the
+// check's message before the check's exit ends them, and, when it told one, waits up to
+// StopWait for the kubelet to stop the container (see the top of this file).
 func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 	if g == nil {
 		return
 	}
+	defer func() {
+		signal.Stop(g.signals)
+		close(g.signals)
+	}()
 	g.mu.Lock()
 	g.done = true
 	g.mu.Unlock()
@@ -119,9 +157,12 @@ func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 		line = fmt.Sprintf("failed %d %s\n", Code(err), strings.ReplaceAll(err.Error(), "\n", " "))
 	}
 	linger := time.Second
+	told := 0
 	for _, c := range conns {
 		c.SetDeadline(time.Now().Add(linger))
-		c.Write([]byte(line))
+		if _, werr := c.Write([]byte(line)); werr == nil {
+			told++
+		}
 	}
 	if err != nil {
 		// Each hook closes its end once it has read the verdict.
@@ -132,13 +173,21 @@ func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 	for _, c := range conns {
 		c.Close()
 	}
+	if err != nil && told > 0 {
+		select {
+		case <-g.stopped:
+		case <-time.After(g.stopWait):
+		}
+	}
 }
 
 // Aborted reports whether ctx (from [ListenGate]) ended because the hook went away, and the
 // error to exit with then.
 func Aborted(ctx context.Context) (error, bool) {
-	if errors.Is(context.Cause(ctx), gateAbort) {
-		return &Error{Code: ExitFailure, Msg: gateAbort.Error()}, true
+	for _, cause := range []error{gateAbort, gateStopped} {
+		if errors.Is(context.Cause(ctx), cause) {
+			return &Error{Code: ExitFailure, Msg: cause.Error()}, true
+		}
 	}
 	return nil, false
 }

@@ -461,6 +461,27 @@ validator: {mode: image-volume, timeout: %s}
 
 // runHook starts the hook's command line in ns as the proxy's UID, as the runtime execs it in
 // the proxy container; its output goes to out.
+// waitForTheKubeletsStop asserts that a check which failed and told its hook does not exit by
+// itself — the kubelet stops the container once the hook has failed, and a container that ended
+// on its own just then can look running to the kubelet's next relist — and that it exits at once
+// when stopped, as by the kubelet's SIGTERM.
+func waitForTheKubeletsStop(t *testing.T, check *exec.Cmd) {
+	t.Helper()
+	exited := make(chan struct{})
+	go func() { check.Wait(); close(exited) }()
+	select {
+	case <-exited:
+		t.Fatalf("the check exited (%v) after telling its hook, before it was stopped", check.ProcessState)
+	case <-time.After(500 * time.Millisecond):
+	}
+	check.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(validator.StopWait / 2):
+		t.Fatalf("the check did not exit when stopped")
+	}
+}
+
 func runHook(t *testing.T, ctx context.Context, ns *testenv.NetNS, hook []string, out *strings.Builder) *exec.Cmd {
 	t.Helper()
 	cmd := testenv.ChildCommand(ctx, proxyID, "detour", hook[1:]...)
@@ -533,10 +554,10 @@ func TestIntegrationStartGateHook(t *testing.T) {
 		start := time.Now()
 		h := runHook(t, ctx, bare, hook, &out)
 		h.Wait()
-		check.Wait()
 		if code := h.ProcessState.ExitCode(); code != 1 || time.Since(start) > 10*time.Second {
 			t.Errorf("the hook exited %d after %s; want 1 within the check's 2s, not its own 30s", code, time.Since(start))
 		}
+		waitForTheKubeletsStop(t, check)
 		for _, want := range []string{"the redirect check at the proxy's start failed (exit 42)", "no redirect in this pod's network namespace"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("the hook's output lacks %q:\n%s", want, out.String())
@@ -562,7 +583,7 @@ func TestIntegrationStartGateHook(t *testing.T) {
 		var out strings.Builder
 		h := runHook(t, ctx, noRoute, hook, &out)
 		h.Wait()
-		check.Wait()
+		waitForTheKubeletsStop(t, check)
 		if code := h.ProcessState.ExitCode(); code != 1 || !strings.Contains(out.String(), "the redirect check at the proxy's start failed (exit 44)") {
 			t.Errorf("the hook exited %d:\n%s", code, out.String())
 		}
@@ -582,8 +603,8 @@ func TestIntegrationStartGateHook(t *testing.T) {
 		}
 		var out strings.Builder
 		h := runHook(t, ctx, bare, hook, &out)
-		time.Sleep(time.Second) // the hook joins the check
-		h.Process.Kill()        // as containerd kills it when the kubelet's exec goes away
+		time.Sleep(2 * time.Second) // the hook joins the check
+		h.Process.Kill()            // as containerd kills it when the kubelet's exec goes away
 		h.Wait()
 		start := time.Now()
 		check.Wait()

@@ -7,8 +7,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -81,7 +83,9 @@ func TestWaitTCPReturnsOnceTheProxyListens(t *testing.T) {
 		t.Fatalf("Wait: %v", err)
 	}
 	at := <-listening
-	if lag := done.Sub(at); lag > 200*time.Millisecond {
+	// Its pauses are at most 25 ms (docs/benchmarks.md has the figure): a lag of a second would be
+	// a wait that only a later attempt ends, whatever the machine's load.
+	if lag := done.Sub(at); lag > time.Second {
 		t.Errorf("Wait returned %s after the proxy listened; its pauses are at most 25 ms", lag)
 	}
 	if res.Attempts < 2 || res.Addr.Port() != port || !strings.Contains(res.String(), "answered after") {
@@ -256,6 +260,67 @@ func TestWaitJoinsTheCheck(t *testing.T) {
 		res, err := w.Wait(context.Background())
 		if err != nil || !strings.Contains(res.String(), "the check's socket was not joined") {
 			t.Errorf("Wait = %s, %v; want success that says it joined nothing", res, err)
+		}
+	})
+}
+
+// A check that failed and told a hook waits for the kubelet to stop its container (SIGTERM)
+// rather than exit by itself; one that told no hook does not wait; and SIGTERM during the check
+// ends it, as the stop of a container whose pod is deleted.
+func TestGateFailedCheckWaitsToBeStopped(t *testing.T) {
+	failed := &Error{Code: ExitNoRedirect, Msg: "no redirect"}
+	verdictReturns := func(g *GateServer, hookWait time.Duration) <-chan struct{} {
+		done := make(chan struct{})
+		go func() { g.Verdict(failed, hookWait); close(done) }()
+		return done
+	}
+	t.Run("told a hook", func(t *testing.T) {
+		g, _, err := ListenGate(context.Background(), 64106)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hook := joinGate(context.Background(), 64106, 5*time.Second)
+		done := verdictReturns(g, 5*time.Second)
+		if v := <-hook; v.err == nil || !strings.Contains(v.err.Error(), "no redirect") {
+			t.Fatalf("the hook got %+v", v)
+		}
+		select {
+		case <-done:
+			t.Fatal("Verdict returned before the container was stopped")
+		case <-time.After(300 * time.Millisecond):
+		}
+		syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(StopWait / 2):
+			t.Fatal("Verdict did not return when the container was stopped")
+		}
+	})
+	t.Run("told no hook", func(t *testing.T) {
+		g, _, err := ListenGate(context.Background(), 64107)
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-verdictReturns(g, 50*time.Millisecond):
+		case <-time.After(StopWait / 2):
+			t.Fatal("Verdict waited for a stop although no hook was told")
+		}
+	})
+	t.Run("stopped during the check", func(t *testing.T) {
+		g, ctx, err := ListenGate(context.Background(), 64108)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer g.Verdict(nil, 0)
+		syscall.Kill(os.Getpid(), syscall.SIGTERM)
+		select {
+		case <-ctx.Done():
+			if err, ok := Aborted(ctx); !ok || Code(err) != ExitFailure || !strings.Contains(err.Error(), "stopped before the check decided") {
+				t.Errorf("Aborted = %v, %v", err, ok)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("the check went on after SIGTERM")
 		}
 	})
 }

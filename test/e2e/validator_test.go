@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -184,58 +185,75 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 	if err := e.Node.WritePrimaryConfig(); err != nil {
 		t.Fatal(err)
 	}
-	pods := e.Node.Client.CoreV1().Pods("hookgate")
-	if _, err := pods.Create(ctx, e.Pod("gated", "hookgate"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// Several pods at once, each through three failing checks: a kubelet that let one next
+	// container start behind a failed hook would show it in one of them
+	// (DETOUR_E2E_HOOKGATE_PODS raises the count, to measure such a race).
+	n := 4
+	if v, err := strconv.Atoi(os.Getenv("DETOUR_E2E_HOOKGATE_PODS")); err == nil && v > 0 {
+		n = v
 	}
-	var p *corev1.Pod
-	framework.WaitFor(t, ctx, "the check to fail twice (42) behind the hook", 2*time.Minute, func() (bool, error) {
-		var err error
-		if p, err = pods.Get(ctx, "gated", metav1.GetOptions{}); err != nil {
+	pods := e.Node.Client.CoreV1().Pods("hookgate")
+	for i := range n {
+		pod := e.Pod(fmt.Sprintf("gated-%d", i), "hookgate")
+		pod.Labels["gate"] = "failing"
+		if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var gated []corev1.Pod
+	framework.WaitFor(t, ctx, "the check to fail three times (42) behind the hook in every pod", time.Duration(n)*time.Minute, func() (bool, error) {
+		list, err := pods.List(ctx, metav1.ListOptions{LabelSelector: "gate=failing"})
+		if err != nil {
 			return false, err
 		}
-		restarts := int32(0)
-		for _, s := range p.Status.InitContainerStatuses {
-			if s.Name == annotations.ProxyContainer {
-				restarts = s.RestartCount
+		gated = list.Items
+		waiting := 0
+		for i := range gated {
+			if restarts := proxyRestarts(&gated[i]); framework.CheckExit(&gated[i]) != 42 || restarts < 2 {
+				waiting++
 			}
 		}
-		return framework.CheckExit(p) == 42 && restarts >= 2, framework.Seen("check exit %d, proxy restarts %d: %s", framework.CheckExit(p), restarts, framework.ContainerStates(p))
+		return len(gated) == n && waiting == 0, framework.Seen("%d of %d pods with fewer than three failed checks", waiting, len(gated))
 	})
-	proxy := p.Spec.InitContainers[0]
-	if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
-		proxy.Lifecycle.PostStart.Exec == nil || !slices.Equal(proxy.Lifecycle.PostStart.Exec.Command[:2], []string{inject.ValidatorBinary, "wait-proxy"}) {
-		t.Fatalf("first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy alone", proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
-	}
-	// Fail closed: nothing after the proxy ever ran, through three runs of the failing check.
-	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
-		if s.Name != annotations.ProxyContainer && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil) {
-			t.Errorf("container %s ran although the proxy's check found no redirect: %s", s.Name, framework.ContainerStates(p))
-		}
-	}
-	// What the user sees: the hook's failure event, and the check's reason in the kubelet's
-	// record of the hook's error.
-	events, err := e.Node.Client.CoreV1().Events("hookgate").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=gated"})
+	events, err := e.Node.Client.CoreV1().Events("hookgate").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if !slices.ContainsFunc(events.Items, func(ev corev1.Event) bool { return ev.Reason == "FailedPostStartHook" }) {
-		t.Errorf("no FailedPostStartHook event among %d events of the pod", len(events.Items))
 	}
 	kubelet, err := os.ReadFile(filepath.Join(e.Node.Dir, "logs", "kubelet.log"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !lineWith(string(kubelet), "Exec lifecycle hook", "hookgate/gated", "the redirect check at the proxy's start failed (exit 42)", "no redirect") {
-		t.Errorf("the kubelet's log does not show the hook failing with the check's message")
+	for i := range gated {
+		p := &gated[i]
+		proxy := p.Spec.InitContainers[0]
+		if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
+			proxy.Lifecycle.PostStart.Exec == nil || !slices.Equal(proxy.Lifecycle.PostStart.Exec.Command[:2], []string{inject.ValidatorBinary, "wait-proxy"}) {
+			t.Fatalf("%s: first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy alone", p.Name, proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
+		}
+		// Fail closed: nothing after the proxy ever ran, through three runs of the failing check.
+		for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+			if s.Name != annotations.ProxyContainer && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil) {
+				t.Errorf("%s: container %s ran although the proxy's check found no redirect: %s", p.Name, s.Name, framework.ContainerStates(p))
+			}
+		}
+		// What the user sees: the hook's failure event, and the check's reason in the kubelet's
+		// record of the hook's error.
+		if !slices.ContainsFunc(events.Items, func(ev corev1.Event) bool {
+			return ev.InvolvedObject.Name == p.Name && ev.Reason == "FailedPostStartHook"
+		}) {
+			t.Errorf("%s: no FailedPostStartHook event", p.Name)
+		}
+		if !lineWith(string(kubelet), "Exec lifecycle hook", "hookgate/"+p.Name, "the redirect check at the proxy's start failed (exit 42)", "no redirect") {
+			t.Errorf("%s: the kubelet's log does not show the hook failing with the check's message", p.Name)
+		}
+		t.Logf("%s: %s", p.Name, framework.ContainerStates(p))
 	}
-	t.Logf("the gated pod: %s", framework.ContainerStates(p))
 
 	// The node whole again: a new pod passes the gate and its traffic is captured.
 	e.SetAgent(t, ctx, true)
 	restored = true
 	e.WaitDetourConfigs(t, ctx, "the agent to put detour's configuration back", e.DropInPath())
-	if err := pods.Delete(ctx, "gated", metav1.DeleteOptions{}); err != nil {
+	if err := pods.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "gate=failing"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pods.Create(ctx, e.Pod("passed", "hookgate"), metav1.CreateOptions{}); err != nil {
@@ -246,6 +264,16 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 		t.Errorf("the new pod: check exit %d, proxy lifecycle %+v; want 0 behind the hook", code, ready.Spec.InitContainers[0].Lifecycle)
 	}
 	e.AssertCaptured(t, ctx, ready, "passed")
+}
+
+// proxyRestarts is the restart count of p's proxy container.
+func proxyRestarts(p *corev1.Pod) int32 {
+	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		if s.Name == annotations.ProxyContainer {
+			return s.RestartCount
+		}
+	}
+	return 0
 }
 
 // waitDryRunValidator waits until a pod created in namespace fold (dry run: nothing is stored or

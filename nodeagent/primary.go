@@ -100,6 +100,14 @@ func within(dir, path string) bool {
 
 // refusedError is a primary configuration the agent will not chain into, with what to do. The
 // agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
+// firstPluginType is the type of list's first plugin (the primary's own), or "".
+func firstPluginType(list *libcni.NetworkConfigList) string {
+	if len(list.Plugins) == 0 || list.Plugins[0].Network == nil {
+		return ""
+	}
+	return list.Plugins[0].Network.Type
+}
+
 type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return e.msg }

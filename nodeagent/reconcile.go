@@ -178,10 +178,20 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 	if s.Mode == ModeDropIn {
 		s.Entry, err = a.ensureDropIn(primary, file, data, list.Name)
 	} else {
+		// A primary that takes the entry out as fast as it goes in is refused (entrywar.go).
+		if err := a.war.refusing(a.now()); err != nil {
+			return s, errors.Join(err, kubeconfigErr)
+		}
+		if err := a.war.saw(a.now(), file, hasEntry(data), firstPluginType(list)); err != nil {
+			return s, errors.Join(err, kubeconfigErr)
+		}
 		// Never both at once: the drop-in goes before the entry comes in.
 		if _, err = a.removeDropIns(""); err == nil {
 			s.Primary, err = a.ensureEntry(primary, file, data)
 			s.Entry = s.Primary
+			if err == nil {
+				a.war.put(s.Primary)
+			}
 		}
 	}
 	if err != nil {

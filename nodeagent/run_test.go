@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -36,13 +37,17 @@ func TestRunRestoresRewrittenPrimary(t *testing.T) {
 	primary := filepath.Join(e.confDir, "10-calico.conflist")
 	stale := filepath.Join(e.binDir, ".detour-tmp-detour-cni-123") // left by a killed agent
 	writeFile(t, stale, "half a binary")
-	a := e.agent(t)
+	// The primary's rewrites come 3.5 s apart on the agent's clock: fewer than the ten within
+	// 30 s that the agent takes for a primary fighting its entry (TestEntryWarRefused).
+	var skew atomic.Int64
+	a := e.agent(t, nodeagent.WithClock(func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }))
 	stop := run(t, a)
 
 	// The primary appears after the agent started.
 	eventually(t, "the agent waits for the primary", func() bool { _, r := a.Ready(); return strings.Contains(r, "waiting") })
 	want := pluginTypes(t, calico)
 	for i := range 50 {
+		skew.Add(int64(3500 * time.Millisecond))
 		writeAtomic(t, primary, calico)
 		eventually(t, "the entry is restored", func() bool {
 			b, err := os.ReadFile(primary)

@@ -318,13 +318,36 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 	t.Logf("cni.exclusive true, cilium-agent restarted on %d nodes: with the drop-in %d of %d pods started without rules (%d restarts, %d conflist writes by Cilium)",
 		len(nodes), dropIn.failed, dropIn.pods, dropIn.rewrites, dropInWrites)
 
-	// The in-file entry under cni.exclusive: what Cilium and detour's node agent do with the
-	// conflist for 20 s, sampled every 20 ms on the control-plane node.
+	// The in-file entry under cni.exclusive: each time the node agent writes its entry, Cilium
+	// writes its own content again. The agent notices the war and refuses on every node (no
+	// more writes, an Event with the fix); until then, and after, the file is Cilium's alone.
+	writes = ciliumWritesAll(nodes)
+	start := time.Now()
 	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
 	defer func() {
 		e.InstallDetour(t, ctx, "")
 		waitDropIn(t, ctx, e, nodes)
 	}()
+	refused := map[string]time.Duration{}
+	framework.WaitFor(t, ctx, "the node agents to refuse Cilium's cni.exclusive", 3*time.Minute, func() (bool, error) {
+		events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
+		if err != nil {
+			return false, err
+		}
+		for _, ev := range events.Items {
+			at := ev.LastTimestamp.Time
+			if ev.EventTime.Time.After(at) {
+				at = ev.EventTime.Time
+			}
+			if at.After(start) && strings.Contains(ev.Message, "took detour's entry out") && strings.Contains(ev.Message, "cni.exclusive=false") {
+				if _, ok := refused[ev.InvolvedObject.Name]; !ok {
+					refused[ev.InvolvedObject.Name] = at.Sub(start)
+				}
+			}
+		}
+		return len(refused) == len(nodes), framework.Seen("refused on %v", refused)
+	})
+	warWrites := ciliumWritesAll(nodes) - writes
 	n := e.Node
 	writes = ciliumWrites(n)
 	deadline := time.Now().Add(20 * time.Second)
@@ -336,16 +359,23 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("cni.exclusive true, in-file entry, 20 s on %s: Cilium wrote its conflist %d times; detour's entry was in it in %d of %d samples",
-		n.Name, ciliumWrites(n)-writes, with, samples)
-	agentLog := e.AgentLog(t, ctx)
-	t.Logf("the node agent's log ends with:\n%s", framework.Tail(agentLog, 15))
+	quiet := ciliumWrites(n) - writes
+	t.Logf("cni.exclusive true, in-file entry: the node agents refused after %v (from the chart's upgrade; Cilium wrote its conflist %d times on %d nodes until then); the next 20 s on %s: %d Cilium writes, detour's entry in the file in %d of %d samples",
+		refused, warWrites, len(nodes), n.Name, quiet, with, samples)
+	if quiet > 2 || with != 0 {
+		t.Errorf("after the refusal Cilium still wrote its conflist %d times in 20 s, and detour's entry was in it in %d of %d samples: the war goes on", quiet, with, samples)
+	}
+	t.Logf("the node agent's log ends with:\n%s", framework.Tail(e.AgentLog(t, ctx), 15))
+	// Pods created now start without detour (fail closed: their check says so, exit 42).
 	entry := podWaves(t, ctx, e, "exclusive-entry", nodes, func() int {
 		framework.SleepCtx(ctx, 30*time.Second)
 		return 0
 	})
 	e.DropNamespaces(t, ctx, "exclusive-entry")
-	t.Logf("cni.exclusive true, in-file entry, 30 s without restarts: %d of %d pods started without rules", entry.failed, entry.pods)
+	t.Logf("cni.exclusive true, in-file entry, refused, 30 s: %d of %d pods started without rules, each caught by its check", entry.failed, entry.pods)
+	if entry.failed != entry.pods {
+		t.Errorf("%d of %d pods passed their check on nodes where detour refused", entry.pods-entry.failed, entry.pods)
+	}
 }
 
 // ciliumSocketLB: with kube-proxy replacement, Cilium load-balances a Service at connect(), in

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -35,11 +36,27 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *framework.Env)
 	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
 	e.WaitDetourConfigs(t, ctx, "chained-entry to move detour into the conflist and remove the drop-in", e.Node.PrimaryConfigPath())
 	inFile := churn(t, ctx, e, "churn-entry")
+	// 50 rewrites 300 ms apart, each taking the entry out: the agent takes it for a primary that
+	// fights its entry (ten within 30 s) and refuses, with an Event on the node, until it
+	// restarts (the helm upgrade below) or its hold-off ends.
+	refusal := ""
+	events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		if strings.Contains(ev.Message, "took detour's entry out of ") && strings.Contains(ev.Message, filepath.Base(e.Node.PrimaryConfigPath())) {
+			refusal = ev.Message
+		}
+	}
+	if refusal == "" {
+		t.Errorf("the agent did not refuse a conflist rewritten without its entry every 300 ms (no DetourCNIRefused event saying so)")
+	}
 
 	e.InstallDetour(t, ctx, "")
 	e.WaitDetourConfigs(t, ctx, "auto to move detour back to the drop-in", e.DropInPath())
-	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist)",
-		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites)
+	t.Logf("churn: with the drop-in %d of %d pods started without rules, with the in-file entry %d of %d (%d and %d rewrites of the conflist); the agent refused: %s",
+		dropIn.failed, dropIn.pods, inFile.failed, inFile.pods, dropIn.rewrites, inFile.rewrites, refusal)
 }
 
 // dropInSurvivesARewrite: the agent's auto mode puts detour's drop-in in place and nothing in

@@ -25,15 +25,15 @@ import (
 //     hook — by the next kubelet;
 //   - the hook reports a failed check's message, which the kubelet shows as the hook's error
 //     (PostStartHookError), instead of dying with the check;
-//   - a check that failed and told a hook does not exit by itself: it waits for the kubelet to stop
-//     the container, which the kubelet does as soon as the hook has failed. A container that ends
-//     on its own just then is, for some milliseconds, gone from containerd but still "running" in
-//     its CRI status (containerd deletes the task before it records the exit,
-//     internal/cri/server/events.go in v2.4.2, and a StopContainer in that window returns at once,
-//     container_stop.go:128–137); a relist in that window shows the kubelet a running proxy without a
-//     startup probe, which it counts as started, and it starts the pod's next container behind the
-//     failed check. Stopped by the kubelet, the container's exit is recorded before StopContainer
-//     returns, so the kubelet's next look sees it exited.
+//   - a check that failed and told a hook does not exit by itself: it waits for the kubelet to
+//     stop the container, which the kubelet does as soon as the hook has failed. A container
+//     that ends on its own just then is, for some milliseconds, gone from containerd but still
+//     "running" in its CRI status (containerd v2.4.2 deletes the task before it records the
+//     exit, internal/cri/server/events.go:241 and :293, and a StopContainer in between returns
+//     at once, container_stop.go:128–137); a relist then shows the kubelet a running proxy
+//     without a startup probe, which it counts as started, and it starts the pod's next
+//     container behind the failed check. Stopped by the kubelet, the container's exit is
+//     recorded before StopContainer returns, so the kubelet's next look sees it exited.
 //
 // docs/webhook.md, "The proxy's start gate", says what is left: a kubelet that dies between the
 // proxy's start and the hook's connection.

@@ -98,8 +98,6 @@ func within(dir, path string) bool {
 	return err == nil && rel != ".." && !strings.HasPrefix(rel, "../")
 }
 
-// refusedError is a primary configuration the agent will not chain into, with what to do. The
-// agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
 // firstPluginType is the type of list's first plugin (the primary's own), or "".
 func firstPluginType(list *libcni.NetworkConfigList) string {
 	if len(list.Plugins) == 0 || list.Plugins[0].Network == nil {
@@ -108,6 +106,8 @@ func firstPluginType(list *libcni.NetworkConfigList) string {
 	return list.Plugins[0].Network.Type
 }
 
+// refusedError is a primary configuration the agent will not chain into, with what to do. The
+// agent stays not ready, logs it, records it as an Event on the node and `detour check` shows it.
 type refusedError struct{ msg string }
 
 func (e *refusedError) Error() string { return e.msg }

@@ -59,13 +59,12 @@ type GateServer struct {
 	// joined is closed when the first hook connects; accepted when the accept loop has ended.
 	joined, accepted chan struct{}
 	// signals receives SIGTERM and SIGINT until the verdict has been given; stopped is closed at
-	// the first; stopWait is [StopWait].
-	signals  chan os.Signal
-	stopped  chan struct{}
-	stopWait time.Duration
-	mu       sync.Mutex
-	conns    []net.Conn
-	done     bool
+	// the first.
+	signals chan os.Signal
+	stopped chan struct{}
+	mu      sync.Mutex
+	conns   []net.Conn
+	done    bool
 }
 
 // ListenGate opens the check's socket for checkPort; ctx is cancelled when a hook that connected
@@ -79,7 +78,7 @@ func ListenGate(ctx context.Context, checkPort uint16) (*GateServer, context.Con
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	g := &GateServer{ln: ln, cancel: cancel, joined: make(chan struct{}), accepted: make(chan struct{}),
-		signals: make(chan os.Signal, 1), stopped: make(chan struct{}), stopWait: StopWait}
+		signals: make(chan os.Signal, 1), stopped: make(chan struct{})}
 	signal.Notify(g.signals, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		if _, ok := <-g.signals; ok {
@@ -176,13 +175,13 @@ func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 	if err != nil && told > 0 {
 		select {
 		case <-g.stopped:
-		case <-time.After(g.stopWait):
+		case <-time.After(StopWait):
 		}
 	}
 }
 
-// Aborted reports whether ctx (from [ListenGate]) ended because the hook went away, and the
-// error to exit with then.
+// Aborted reports whether ctx (from [ListenGate]) ended because the hook went away or the
+// container was stopped, and the error to exit with then.
 func Aborted(ctx context.Context) (error, bool) {
 	for _, cause := range []error{gateAbort, gateStopped} {
 		if errors.Is(context.Cause(ctx), cause) {

@@ -319,8 +319,8 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 		len(nodes), dropIn.failed, dropIn.pods, dropIn.rewrites, dropInWrites)
 
 	// The in-file entry under cni.exclusive: each time the node agent writes its entry, Cilium
-	// writes its own content again. The agent notices the war and refuses on every node (no
-	// more writes, an Event with the fix); until then, and after, the file is Cilium's alone.
+	// writes its own content again. The agent notices the war and refuses (no more writes, an
+	// Event with the fix); after that the file is Cilium's alone.
 	writes = ciliumWritesAll(nodes)
 	start := time.Now()
 	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
@@ -328,8 +328,10 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 		e.InstallDetour(t, ctx, "")
 		waitDropIn(t, ctx, e, nodes)
 	}()
+	// The DaemonSet's rolling update replaces the agents a node at a time; one that refuses
+	// never becomes Ready, so the rollout stops there and the other nodes keep the drop-in.
 	refused := map[string]time.Duration{}
-	framework.WaitFor(t, ctx, "the node agents to refuse Cilium's cni.exclusive", 3*time.Minute, func() (bool, error) {
+	framework.WaitFor(t, ctx, "the node agent to refuse Cilium's cni.exclusive on "+e.Node.Name, 3*time.Minute, func() (bool, error) {
 		events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
 		if err != nil {
 			return false, err
@@ -345,8 +347,21 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 				}
 			}
 		}
-		return len(refused) == len(nodes), framework.Seen("refused on %v", refused)
+		_, ok := refused[e.Node.Name]
+		return ok, framework.Seen("refused on %v", refused)
 	})
+	framework.SleepCtx(ctx, 30*time.Second) // the rollout, had it gone on
+	var refusing, kept []*framework.Node
+	for _, n := range nodes {
+		if _, ok := refused[n.Name]; ok {
+			refusing = append(refusing, n)
+			continue
+		}
+		kept = append(kept, n)
+		if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
+			t.Errorf("node %s: neither refused nor kept detour's drop-in (%v)", n.Name, err)
+		}
+	}
 	warWrites := ciliumWritesAll(nodes) - writes
 	n := e.Node
 	writes = ciliumWrites(n)
@@ -360,19 +375,20 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 		time.Sleep(20 * time.Millisecond)
 	}
 	quiet := ciliumWrites(n) - writes
-	t.Logf("cni.exclusive true, in-file entry: the node agents refused after %v (from the chart's upgrade; Cilium wrote its conflist %d times on %d nodes until then); the next 20 s on %s: %d Cilium writes, detour's entry in the file in %d of %d samples",
-		refused, warWrites, len(nodes), n.Name, quiet, with, samples)
+	t.Logf("cni.exclusive true, in-file entry: refused after %v (from the chart's upgrade; %d conflist writes by Cilium until then), the rollout stopped there (%d nodes kept the drop-in); the next 20 s on %s: %d Cilium writes, detour's entry in the file in %d of %d samples",
+		refused, warWrites, len(kept), n.Name, quiet, with, samples)
 	if quiet > 2 || with != 0 {
 		t.Errorf("after the refusal Cilium still wrote its conflist %d times in 20 s, and detour's entry was in it in %d of %d samples: the war goes on", quiet, with, samples)
 	}
 	t.Logf("the node agent's log ends with:\n%s", framework.Tail(e.AgentLog(t, ctx), 15))
-	// Pods created now start without detour (fail closed: their check says so, exit 42).
-	entry := podWaves(t, ctx, e, "exclusive-entry", nodes, func() int {
+	// Pods created on a refusing node start without detour (fail closed: their check says so,
+	// exit 42).
+	entry := podWaves(t, ctx, e, "exclusive-entry", refusing, func() int {
 		framework.SleepCtx(ctx, 30*time.Second)
 		return 0
 	})
 	e.DropNamespaces(t, ctx, "exclusive-entry")
-	t.Logf("cni.exclusive true, in-file entry, refused, 30 s: %d of %d pods started without rules, each caught by its check", entry.failed, entry.pods)
+	t.Logf("cni.exclusive true, in-file entry, refused on %d nodes, 30 s: %d of %d pods there started without rules, each caught by its check", len(refusing), entry.failed, entry.pods)
 	if entry.failed != entry.pods {
 		t.Errorf("%d of %d pods passed their check on nodes where detour refused", entry.pods-entry.failed, entry.pods)
 	}

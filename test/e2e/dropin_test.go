@@ -136,7 +136,7 @@ func churn(t testing.TB, ctx context.Context, e *framework.Env, ns string, nodes
 	})
 }
 
-// podWaves creates injected pods in ns in waves of 4, spread over nodes, for as long as
+// podWaves creates injected pods in ns in waves of 4, pinned in turn to each of nodes, for as long as
 // disturb runs (and the wave that is under way then), and counts them and those whose validator
 // found no rules (exit 42). disturb returns the number of disturbances it made, the result's
 // rewrites.
@@ -161,9 +161,7 @@ func podWaves(t testing.TB, ctx context.Context, e *framework.Env, ns string, no
 			for i := range 4 {
 				name := fmt.Sprintf("w%d-%d", wave, i)
 				p := e.Pod(name, ns)
-				if len(nodes) > 1 {
-					framework.OnNode(p, nodes[i%len(nodes)].Name)
-				}
+				framework.OnNode(p, nodes[i%len(nodes)].Name)
 				if _, err := pods.Create(ctx, p, metav1.CreateOptions{}); err != nil {
 					t.Fatal(err)
 				}

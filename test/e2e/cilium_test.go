@@ -323,7 +323,7 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 	// Event with the fix); after that the file is Cilium's alone.
 	writes = ciliumWritesAll(nodes)
 	start := time.Now()
-	e.InstallDetour(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
+	e.InstallDetourRefused(t, ctx, "nodeAgent: {cniConfigMode: chained-entry}\n")
 	defer func() {
 		e.InstallDetour(t, ctx, "")
 		waitDropIn(t, ctx, e, nodes)

@@ -24,12 +24,19 @@ import (
 // ([Env.SetAgent]).
 func (e *Env) InstallDetour(t testing.TB, ctx context.Context, extra string) {
 	t.Helper()
-	e.helmInstall(t, ctx, e.img, extra)
+	e.helmInstall(t, ctx, e.img, extra, true)
+}
+
+// InstallDetourRefused is [Env.InstallDetour] for values the node agents are meant to refuse
+// (they never become Ready): it does not wait for the release's pods.
+func (e *Env) InstallDetourRefused(t testing.TB, ctx context.Context, extra string) {
+	t.Helper()
+	e.helmInstall(t, ctx, e.img, extra, false)
 }
 
 // helmInstall installs or upgrades detour's release from img's chart with the e2e values for
-// img's images and extra over them, and waits for the webhook.
-func (e *Env) helmInstall(t testing.TB, ctx context.Context, img imageSet, extra string) {
+// img's images and extra over them, and waits for its pods when wait is true.
+func (e *Env) helmInstall(t testing.TB, ctx context.Context, img imageSet, extra string, wait bool) {
 	t.Helper()
 	values := filepath.Join(e.Node.Dir, "values.yaml")
 	if err := os.WriteFile(values, []byte(e.values(img)), 0o644); err != nil {
@@ -40,7 +47,10 @@ func (e *Env) helmInstall(t testing.TB, ctx context.Context, img imageSet, extra
 		t.Fatal(err)
 	}
 	args := append(append([]string{"upgrade", "--install", "detour"}, img.chart...),
-		"--namespace", DetourNamespace, "--create-namespace", "--values", values, "--values", extraPath, "--wait", "--timeout", "4m")
+		"--namespace", DetourNamespace, "--create-namespace", "--values", values, "--values", extraPath)
+	if wait {
+		args = append(args, "--wait", "--timeout", "4m")
+	}
 	out, err := e.Node.Helm(ctx, args...)
 	if err != nil {
 		t.Fatalf("helm install detour: %v\n%s\n%s", err, out, e.Describe(ctx, DetourNamespace))

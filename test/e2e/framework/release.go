@@ -153,5 +153,5 @@ func (e *Env) InstallRelease(t testing.TB, ctx context.Context, r *Release, extr
 		}
 	}
 	img := imageSet{repo: r.Repo, tag: r.Tag, refs: e.img.refs, pull: corev1.PullNever, chart: []string{r.Chart}}
-	e.helmInstall(t, ctx, img, extra)
+	e.helmInstall(t, ctx, img, extra, true)
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -331,10 +332,10 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 	// The DaemonSet's rolling update replaces the agents a node at a time; one that refuses
 	// never becomes Ready, so the rollout stops there and the other nodes keep the drop-in.
 	refused := map[string]time.Duration{}
-	framework.WaitFor(t, ctx, "the node agent to refuse Cilium's cni.exclusive on "+e.Node.Name, 3*time.Minute, func() (bool, error) {
+	readRefusals := func() error {
 		events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
 		if err != nil {
-			return false, err
+			return err
 		}
 		for _, ev := range events.Items {
 			at := ev.LastTimestamp.Time
@@ -347,21 +348,39 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 				}
 			}
 		}
-		_, ok := refused[e.Node.Name]
-		return ok, framework.Seen("refused on %v", refused)
-	})
-	framework.SleepCtx(ctx, 30*time.Second) // the rollout, had it gone on
-	var refusing, kept []*framework.Node
-	for _, n := range nodes {
-		if _, ok := refused[n.Name]; ok {
-			refusing = append(refusing, n)
-			continue
-		}
-		kept = append(kept, n)
-		if _, err := os.Stat(framework.NodeDropIn(n)); err != nil {
-			t.Errorf("node %s: neither refused nor kept detour's drop-in (%v)", n.Name, err)
-		}
+		return nil
 	}
+	framework.WaitFor(t, ctx, "the node agent to refuse Cilium's cni.exclusive on "+e.Node.Name, 3*time.Minute, func() (bool, error) {
+		_, ok := refused[e.Node.Name]
+		return ok, cmp.Or(readRefusals(), framework.Seen("refused on %v", refused))
+	})
+	// Every node ends either refused or untouched, with detour's drop-in (the rollout stopped
+	// before it); none is left without either.
+	var refusing, kept []*framework.Node
+	framework.WaitFor(t, ctx, "every node refused or still with detour's drop-in", 2*time.Minute, func() (bool, error) {
+		if err := readRefusals(); err != nil {
+			return false, err
+		}
+		refusing, kept = nil, nil
+		var neither []string
+		for _, n := range nodes {
+			_, err := os.Stat(framework.NodeDropIn(n))
+			switch _, ok := refused[n.Name]; {
+			case ok:
+				refusing = append(refusing, n)
+			case err == nil:
+				kept = append(kept, n)
+			default:
+				neither = append(neither, n.Name)
+			}
+		}
+		pods, _ := e.Pods(ctx, framework.DetourNamespace, "app.kubernetes.io/component=node-agent")
+		var states []string
+		for _, p := range pods {
+			states = append(states, fmt.Sprintf("%s on %s: %s %s", p.Name, p.Spec.NodeName, p.Status.Phase, framework.ContainerStates(&p)))
+		}
+		return len(neither) == 0, framework.Seen("neither refused nor with the drop-in: %v; agents: %v", neither, states)
+	})
 	warWrites := ciliumWritesAll(nodes) - writes
 	n := e.Node
 	writes = ciliumWrites(n)

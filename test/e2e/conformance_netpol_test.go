@@ -15,7 +15,7 @@ import (
 	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
-// TestNetpolCilium is `make netpol-cilium` (docs/conformance.md#networkpolicy-with-every-pod-meshed):
+// TestNetpolCilium is `make netpol-cilium` (docs/conformance.md#networkpolicy-with-every-pod-meshed-cilium):
 // Kubernetes' own NetworkPolicy tests (upstream.SelectNetpol) on a Cilium cluster of two
 // nodes, which enforces the policies, first without detour, then with detour injecting every
 // pod. A client in the mesh connects to its own proxy, which accepts the connection before it

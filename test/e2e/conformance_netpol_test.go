@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -28,7 +30,8 @@ import (
 // allows it, or the step cannot be read; and when fewer than 95% of the tests' pod-network pods
 // were injected. It writes $DETOUR_NETPOL_DIR/report.md (default bin/netpol-cilium/), with the
 // JUnit reports, e2e.test's logs and the proxies' logs. DETOUR_CONFORMANCE_PROCS (default 3) is
-// the parallel processes of each run.
+// the parallel processes of each run; DETOUR_NETPOL_FOCUS (a regular expression) runs only the
+// tests whose names match, to look at one closely.
 //
 // Declared before TestConformance (the file's name sorts first): it starts a cluster of its
 // own, which cannot run beside the shared node.
@@ -40,6 +43,16 @@ func TestNetpolCilium(t *testing.T) {
 	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{Images: e.Artifacts.Tarballs})
 
 	tests := upstream.SelectNetpol(listUpstreamTests(t, ctx, e))
+	if focus := os.Getenv("DETOUR_NETPOL_FOCUS"); focus != "" {
+		re, err := regexp.Compile(focus)
+		if err != nil {
+			t.Fatalf("DETOUR_NETPOL_FOCUS %q: %v; give a Go regular expression matching test names", focus, err)
+		}
+		tests = slices.DeleteFunc(tests, func(name string) bool { return !re.MatchString(name) })
+		if len(tests) == 0 {
+			t.Fatalf("DETOUR_NETPOL_FOCUS %q matches none of the NetworkPolicy tests", focus)
+		}
+	}
 	dir := reportDir(t, e, "DETOUR_NETPOL_DIR", "netpol-cilium")
 	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")

@@ -153,12 +153,22 @@ type NetpolWire struct {
 	// Denied are the pairs the policies deny; Allowed those they allow (loopback left out, as
 	// the tests leave it out).
 	Denied, Allowed int
-	// DeniedTried are the denied pairs whose client's proxy tried to connect, and DeniedFailed
-	// the proxy's attempts to them, every one of which must have failed.
+	// DeniedTried are the denied pairs whose client's proxy tried to connect, and
+	// DeniedAttempts the proxy's attempts to them.
 	DeniedTried, DeniedAttempts int
-	// Leaks are the denied pairs that got through: the client's proxy connected, or the
-	// server's proxy accepted a connection from the client.
+	// Leaks are the denied pairs that got through: the server's proxy accepted a connection
+	// from the client after the policy was in force — after the client's proxy first failed to
+	// connect, or at any time when it never failed.
 	Leaks []string
+	// Converging are the denied pairs whose server's proxy accepted connections from the client
+	// only before the client's first failure: the primary CNI enforced the policy some time
+	// after the step began (Cilium allocates a relabelled pod's identity first), which the
+	// test's own probes wait for by retrying.
+	Converging []string
+	// HalfOpen counts the denied pairs whose client's proxy saw its connection complete while no
+	// server's proxy ever accepted one: the SYN reached the server and its SYN-ACK came back,
+	// but the rest of the handshake was dropped, so no connection reached the server.
+	HalfOpen int
 	// AllowedCarried are the allowed pairs the client's proxy connected at least once; Missing
 	// the allowed pairs it never did, and Untried the denied pairs it never tried.
 	AllowedCarried   int
@@ -178,8 +188,14 @@ func (w NetpolWire) String() string {
 	if !w.Held() {
 		verdict = "NOT held"
 	}
-	s := fmt.Sprintf("%s: %d denied pairs, their %d connections through the client's proxy all failed and none reached the server; %d of %d allowed pairs carried",
+	s := fmt.Sprintf("%s: %d denied pairs (%d connection attempts through the client's proxy), none reached the server's proxy once the policy was in force; %d of %d allowed pairs carried",
 		verdict, w.Denied, w.DeniedAttempts, w.AllowedCarried, w.Allowed)
+	if w.HalfOpen > 0 {
+		s += fmt.Sprintf("; %d denied pairs half-open only (the client's proxy saw a SYN-ACK, the server never accepted)", w.HalfOpen)
+	}
+	if len(w.Converging) > 0 {
+		s += "; accepted only before the policy was in force: " + strings.Join(w.Converging, ", ")
+	}
 	if len(w.Leaks) > 0 {
 		s += "; LEAKED: " + strings.Join(w.Leaks, ", ")
 	}
@@ -224,23 +240,31 @@ func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (Ne
 			if addr == "" || ipOf[from] == "" {
 				return w, fmt.Errorf("pair %s -> %s: no recorded address (service %q, client IP %q)", from, to, addr, ipOf[from])
 			}
-			// "proxy outbound 10.88.0.5:40112 -> 10.96.0.77:80" and " failed: ..." when it failed.
+			// "proxy outbound 10.88.0.5:40112 -> 10.96.0.77:80" and " failed: ..." when it failed
+			// (both logged when the proxy's dial has ended).
 			ok, failed := 0, 0
+			var firstFail time.Time
 			for _, l := range byPod[from] {
 				if !strings.HasPrefix(l.Text, "proxy outbound "+ipOf[from]+":") || !strings.Contains(l.Text, " -> "+addr) {
 					continue
 				}
 				rest := l.Text[strings.Index(l.Text, " -> "+addr)+len(" -> "+addr):]
 				if strings.HasPrefix(rest, " failed") {
+					if failed == 0 || l.Time.Before(firstFail) {
+						firstFail = l.Time
+					}
 					failed++
 				} else if rest == "" {
 					ok++
 				}
 			}
-			accepted := 0
+			accepted, acceptedAfter := 0, 0
 			for _, l := range byPod[to] {
 				if strings.HasPrefix(l.Text, "proxy inbound "+ipOf[from]+":") && !strings.Contains(l.Text, " failed") {
 					accepted++
+					if failed == 0 || l.Time.After(firstFail) {
+						acceptedAfter++
+					}
 				}
 			}
 			pair := from + " -> " + to
@@ -255,16 +279,23 @@ func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (Ne
 			}
 			w.Denied++
 			switch {
-			case ok > 0 || accepted > 0:
-				w.Leaks = append(w.Leaks, fmt.Sprintf("%s (%d connections from the client's proxy, %d accepted by the server's)", pair, ok, accepted))
-			case failed == 0:
+			case acceptedAfter > 0:
+				w.Leaks = append(w.Leaks, fmt.Sprintf("%s (%d accepted by the server's proxy once the policy was in force, %d before; the client's proxy: %d connected, %d failed)", pair, acceptedAfter, accepted-acceptedAfter, ok, failed))
+			case failed == 0 && ok == 0:
 				w.Untried = append(w.Untried, pair)
 			default:
+				if accepted > 0 {
+					w.Converging = append(w.Converging, fmt.Sprintf("%s (%d)", pair, accepted))
+				}
+				if ok > 0 && accepted == 0 {
+					w.HalfOpen++
+				}
 				w.DeniedTried++
-				w.DeniedAttempts += failed
+				w.DeniedAttempts += ok + failed
 			}
 		}
 	}
+	slices.Sort(w.Converging)
 	slices.Sort(w.Leaks)
 	return w, nil
 }

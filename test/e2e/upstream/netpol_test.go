@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,25 @@ func TestNetpolWire(t *testing.T) {
 	leak := append(lines, at(10, "x-1/a", "proxy inbound 10.88.1.12:40008 -> 10.88.0.10:80 app 127.0.0.1:80"))
 	if w, _ := s.Wire(pods, svcs, leak); w.Held() || len(w.Leaks) != 1 || !strings.Contains(w.Leaks[0], "y-2/a -> x-1/a") {
 		t.Errorf("with a leak: %s", w)
+	}
+	// The policy in force only after the step began (Cilium allocating a relabelled pod's
+	// identity): the server's proxy accepted y-2/a before y-2/a's first failure (at 8 s), none
+	// after. Held, and the pair is named as converging.
+	early := append(slices.Clone(lines), at(7, "x-1/b", "proxy inbound 10.88.1.12:40010 -> 10.88.0.11:80 app 127.0.0.1:80"))
+	if w, _ := s.Wire(pods, svcs, early); !w.Held() || strings.Join(w.Converging, ",") != "y-2/a -> x-1/b (1)" {
+		t.Errorf("accepted before the policy was in force: %s", w)
+	}
+	// Never in force: the server's proxy accepted, and the client's proxy never failed.
+	never := []ProxyLine{lines[2], lines[3], lines[4], lines[5], at(8, "y-2/a", "proxy outbound 10.88.1.12:40011 -> 10.96.0.20:80"),
+		at(8, "x-1/a", "proxy inbound 10.88.1.12:40012 -> 10.88.0.10:80 app 127.0.0.1:80"), lines[7], lines[8]}
+	if w, _ := s.Wire(pods, svcs, never); w.Held() || len(w.Leaks) != 1 || !strings.Contains(w.Leaks[0], "y-2/a -> x-1/a (1 accepted by the server's proxy once the policy was in force, 0 before") {
+		t.Errorf("never in force: %s", w)
+	}
+	// Half-open: the client's proxy saw its connection complete (a SYN-ACK came back) but no
+	// server's proxy accepted it: the rest of the handshake was dropped. Held.
+	half := append(slices.Clone(lines), at(9, "y-2/a", "proxy outbound 10.88.1.12:40013 -> 10.96.0.20:80"))
+	if w, _ := s.Wire(pods, svcs, half); !w.Held() || w.HalfOpen != 1 || w.DeniedAttempts != 6 {
+		t.Errorf("half-open: %+v %s", w, w)
 	}
 	// y-2/a's proxy logged nothing: its denied pairs were never tried.
 	if w, _ := s.Wire(pods, svcs, lines[:6]); w.Held() || strings.Join(w.Untried, ",") != "y-2/a -> x-1/a,y-2/a -> x-1/b" {

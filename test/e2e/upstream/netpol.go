@@ -157,8 +157,8 @@ type NetpolWire struct {
 	// DeniedAttempts the proxy's attempts to them.
 	DeniedTried, DeniedAttempts int
 	// Leaks are the denied pairs that got through: the server's proxy accepted a connection
-	// from the client after the policy was in force — after the client's proxy first failed to
-	// connect, or at any time when it never failed.
+	// from the client after the policy was in force — from the start of the client's proxy's
+	// first failed dial, or at any time when it never failed.
 	Leaks []string
 	// Converging are the denied pairs whose server's proxy accepted connections from the client
 	// only before the client's first failure: the primary CNI enforced the policy some time
@@ -174,6 +174,10 @@ type NetpolWire struct {
 	AllowedCarried   int
 	Missing, Untried []string
 }
+
+// NetpolDialTimeout is how long the e2e's test proxy waits for its own connection to a
+// destination (testprog.Proxy's DialTimeout): a dial it logs as failed began that long before.
+const NetpolDialTimeout = 5 * time.Second
 
 // Held reports whether the policies held through the proxies exactly as the truth table says:
 // no denied pair got through, every denied pair was tried and failed, every allowed pair
@@ -258,11 +262,14 @@ func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (Ne
 					ok++
 				}
 			}
+			// The policy was in force from the first failed dial's start: its line comes when the
+			// dial timed out.
+			inForce := firstFail.Add(-NetpolDialTimeout)
 			accepted, acceptedAfter := 0, 0
 			for _, l := range byPod[to] {
 				if strings.HasPrefix(l.Text, "proxy inbound "+ipOf[from]+":") && !strings.Contains(l.Text, " failed") {
 					accepted++
-					if failed == 0 || l.Time.After(firstFail) {
+					if failed == 0 || l.Time.After(inForce) {
 						acceptedAfter++
 					}
 				}

@@ -38,7 +38,8 @@ type Proxy struct {
 	Admin string
 	// Log gets one line per connection.
 	Log *log.Logger
-	// DialTimeout bounds the proxy's own connection to a destination (default 5s).
+	// DialTimeout bounds the proxy's own connection to a destination (default 5s; the
+	// NetworkPolicy analysis, upstream.NetpolDialTimeout, counts on it).
 	DialTimeout time.Duration
 }
 

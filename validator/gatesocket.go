@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"os/signal"
 	"strings"
 	"sync"
@@ -58,10 +57,10 @@ type GateServer struct {
 	cancel context.CancelCauseFunc
 	// joined is closed when the first hook connects; accepted when the accept loop has ended.
 	joined, accepted chan struct{}
-	// signals receives SIGTERM and SIGINT until the verdict has been given; stopped is closed at
-	// the first.
-	signals chan os.Signal
-	stopped chan struct{}
+	// stopped is done at the container's first SIGTERM or SIGINT; unwatch stops watching for
+	// them (the verdict has been given).
+	stopped <-chan struct{}
+	unwatch func()
 	mu      sync.Mutex
 	conns   []net.Conn
 	done    bool
@@ -77,15 +76,10 @@ func ListenGate(ctx context.Context, checkPort uint16) (*GateServer, context.Con
 		return nil, ctx, fmt.Errorf("listen on the start gate's socket %s: %w", GateSocket(checkPort), err)
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
+	signals, stopSignals := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	stopCause := context.AfterFunc(signals, func() { cancel(gateStopped) })
 	g := &GateServer{ln: ln, cancel: cancel, joined: make(chan struct{}), accepted: make(chan struct{}),
-		signals: make(chan os.Signal, 1), stopped: make(chan struct{})}
-	signal.Notify(g.signals, syscall.SIGTERM, syscall.SIGINT)
-	go func() {
-		if _, ok := <-g.signals; ok {
-			close(g.stopped)
-			cancel(gateStopped)
-		}
-	}()
+		stopped: signals.Done(), unwatch: func() { stopCause(); stopSignals() }}
 	go g.accept()
 	return g, ctx, nil
 }
@@ -130,10 +124,7 @@ func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 	if g == nil {
 		return
 	}
-	defer func() {
-		signal.Stop(g.signals)
-		close(g.signals)
-	}()
+	defer g.unwatch()
 	g.mu.Lock()
 	g.done = true
 	g.mu.Unlock()

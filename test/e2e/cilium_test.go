@@ -333,22 +333,13 @@ func ciliumExclusive(t *testing.T, ctx context.Context, e *framework.Env, nodes 
 	// never becomes Ready, so the rollout stops there and the other nodes keep the drop-in.
 	refused := map[string]time.Duration{}
 	readRefusals := func() error {
-		events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
-		if err != nil {
-			return err
-		}
-		for _, ev := range events.Items {
-			at := ev.LastTimestamp.Time
-			if ev.EventTime.Time.After(at) {
-				at = ev.EventTime.Time
-			}
-			if at.After(start) && strings.Contains(ev.Message, "took detour's entry out") && strings.Contains(ev.Message, "cni.exclusive=false") {
-				if _, ok := refused[ev.InvolvedObject.Name]; !ok {
-					refused[ev.InvolvedObject.Name] = at.Sub(start)
-				}
+		refusals, err := entryWarRefusals(ctx, e, start)
+		for _, r := range refusals {
+			if _, ok := refused[r.Node]; !ok && strings.Contains(r.Message, "cni.exclusive=false") {
+				refused[r.Node] = r.At.Sub(start)
 			}
 		}
-		return nil
+		return err
 	}
 	framework.WaitFor(t, ctx, "the node agent to refuse Cilium's cni.exclusive on "+e.Node.Name, 3*time.Minute, func() (bool, error) {
 		_, ok := refused[e.Node.Name]

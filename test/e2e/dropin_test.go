@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/detourmesh/detour/internal/fsutil"
+	"github.com/detourmesh/detour/nodeagent"
 	"github.com/detourmesh/detour/test/e2e/framework"
 )
 
@@ -40,13 +41,13 @@ func dropInSurvivesRewrites(t *testing.T, ctx context.Context, e *framework.Env)
 	// fights its entry (ten within 30 s) and refuses, with an Event on the node, until it
 	// restarts (the helm upgrade below) or its hold-off ends.
 	refusal := ""
-	events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=DetourCNIRefused"})
+	refusals, err := entryWarRefusals(ctx, e, time.Time{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, ev := range events.Items {
-		if strings.Contains(ev.Message, "took detour's entry out of ") && strings.Contains(ev.Message, filepath.Base(e.Node.PrimaryConfigPath())) {
-			refusal = ev.Message
+	for _, r := range refusals {
+		if strings.Contains(r.Message, filepath.Base(e.Node.PrimaryConfigPath())) {
+			refusal = r.Message
 		}
 	}
 	if refusal == "" {
@@ -85,6 +86,33 @@ func dropInSurvivesARewrite(t *testing.T, ctx context.Context, e *framework.Env)
 	}
 	e.AssertCaptured(t, ctx, p, "rewritten")
 	e.SetAgent(t, ctx, true)
+}
+
+// entryWarRefusal is a node agent's refusal of a primary that kept taking its in-file entry out
+// (nodeagent/entrywar.go): the node, the Event's message, and when.
+type entryWarRefusal struct {
+	Node, Message string
+	At            time.Time
+}
+
+// entryWarRefusals are the node agents' refusals of a primary fighting their entry recorded
+// after since, from their DetourCNIRefused Events.
+func entryWarRefusals(ctx context.Context, e *framework.Env, since time.Time) ([]entryWarRefusal, error) {
+	events, err := e.Node.Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "reason=" + nodeagent.EventReason})
+	if err != nil {
+		return nil, err
+	}
+	var out []entryWarRefusal
+	for _, ev := range events.Items {
+		at := ev.LastTimestamp.Time
+		if ev.EventTime.Time.After(at) {
+			at = ev.EventTime.Time
+		}
+		if at.After(since) && strings.Contains(ev.Message, "took detour's entry out of ") {
+			out = append(out, entryWarRefusal{ev.InvolvedObject.Name, ev.Message, at})
+		}
+	}
+	return out, nil
 }
 
 type churnResult struct{ pods, failed, rewrites int }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -42,6 +44,7 @@ type ProxyLogs struct {
 	following map[string]bool // by pod UID
 	lines     []ProxyLine
 	errs      []string
+	resumed   int
 }
 
 // FollowProxyLogs starts following; Stop ends it.
@@ -97,30 +100,81 @@ func proxyStarted(p *corev1.Pod) bool {
 	return false
 }
 
-// follow reads the proxy's log until the pod (or the proxy) ends.
+// follow reads the proxy's log until the pod ends. The kubelet may end a follow while the
+// container still runs: it stops when it cannot watch the log file (fsnotify's watcher, an
+// inotify instance, of which a user has 128 by default) or when the runtime's answer to its
+// status call is an error other than Unavailable (k8s.io/cri-client's logs.ReadLogs). A stream
+// that ends while the pod is there is opened again from its last line's time, the lines
+// already read skipped; one that cannot be opened is tried again each second while the pod is
+// there (a proxy waiting to restart has no log to serve).
 func (l *ProxyLogs) follow(ns, name string) {
 	defer l.wg.Done()
 	pod := ns + "/" + name
-	opts := &corev1.PodLogOptions{Container: annotations.ProxyContainer, Follow: true, Timestamps: true}
-	stream, err := l.client.CoreV1().Pods(ns).GetLogs(name, opts).Stream(l.ctx)
-	if err != nil {
-		l.mu.Lock()
-		l.errs = append(l.errs, fmt.Sprintf("%s: %v", pod, err))
-		l.mu.Unlock()
-		return
+	var last time.Time
+	for opened := false; ; {
+		opts := &corev1.PodLogOptions{Container: annotations.ProxyContainer, Follow: true, Timestamps: true}
+		if !last.IsZero() {
+			// SinceTime goes in whole seconds: the lines of last's second come again.
+			opts.SinceTime = &metav1.Time{Time: last}
+		}
+		stream, err := l.client.CoreV1().Pods(ns).GetLogs(name, opts).Stream(l.ctx)
+		if err != nil && !opened {
+			l.mu.Lock()
+			l.errs = append(l.errs, fmt.Sprintf("%s: %v", pod, err))
+			l.mu.Unlock()
+			return
+		}
+		if err == nil {
+			var n int
+			last, n = l.read(pod, stream, last)
+			stream.Close()
+			if opened && n > 0 {
+				l.mu.Lock()
+				l.resumed++
+				l.mu.Unlock()
+			}
+			opened = true
+		}
+		if l.ctx.Err() != nil || !l.running(ns, name) {
+			return
+		}
+		select {
+		case <-l.ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
 	}
-	defer stream.Close()
+}
+
+// read adds the stream's lines stamped after since (those before were read from an earlier
+// stream), and returns the latest stamp read and how many lines it added.
+func (l *ProxyLogs) read(pod string, stream io.Reader, since time.Time) (time.Time, int) {
+	last, n := since, 0
 	sc := bufio.NewScanner(stream)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
 		line, ok := ParseProxyLine(pod, sc.Text())
-		if !ok {
+		if !ok || !line.Time.After(since) {
 			continue
 		}
+		if line.Time.After(last) {
+			last = line.Time
+		}
+		n++
 		l.mu.Lock()
 		l.lines = append(l.lines, line)
 		l.mu.Unlock()
 	}
+	return last, n
+}
+
+// running reports whether the pod is there and may still log: not gone, not ended.
+func (l *ProxyLogs) running(ns, name string) bool {
+	p, err := l.client.CoreV1().Pods(ns).Get(l.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return !apierrors.IsNotFound(err) && l.ctx.Err() == nil
+	}
+	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
 // ParseProxyLine reads one line of a log the kubelet serves with timestamps ("2026-12-05T14:03:45.123456789Z
@@ -150,6 +204,14 @@ func (l *ProxyLogs) Lines() ([]ProxyLine, []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return append([]ProxyLine(nil), l.lines...), append([]string(nil), l.errs...)
+}
+
+// Resumed is how many times a proxy's log stream ended while the proxy went on logging: the
+// stream opened again had lines the first had not.
+func (l *ProxyLogs) Resumed() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.resumed
 }
 
 // Followed is the number of proxies followed.

@@ -128,11 +128,19 @@ func TestNetpolWire(t *testing.T) {
 	if w, _ := s.Wire(pods, svcs, during); w.Held() || len(w.Leaks) != 1 || !strings.Contains(w.Leaks[0], "y-2/a -> x-1/b") {
 		t.Errorf("accepted during a failing dial: %s", w)
 	}
-	// Never in force: the server's proxy accepted, and the client's proxy never failed.
+	// Never seen in force: the server's proxy accepted up to the client's last connection, and
+	// the client's proxy never failed. Not held, and not a leak either: the wire cannot tell
+	// a policy that does not hold from one not enforced yet.
 	never := []ProxyLine{lines[2], lines[3], lines[4], lines[5], at(8, "y-2/a", "proxy outbound 10.88.1.12:40011 -> 10.96.0.20:80"),
 		at(8, "x-1/a", "proxy inbound 10.88.1.12:40012 -> 10.88.0.10:80 app 127.0.0.1:80"), lines[7], lines[8]}
-	if w, _ := s.Wire(pods, svcs, never); w.Held() || len(w.Leaks) != 1 || !strings.Contains(w.Leaks[0], "y-2/a -> x-1/a (1 accepted by the server's proxy once the policy was in force, 0 before") {
+	if w, _ := s.Wire(pods, svcs, never); w.Held() || len(w.Leaks) != 0 || strings.Join(w.NotInForce, ",") != "y-2/a -> x-1/a (1 accepted, the last 8s after the step began; the client's proxy never failed)" {
 		t.Errorf("never in force: %s", w)
+	}
+	// The same, then a connection of the client that the server's proxy never accepted (half
+	// open): the policy came into force between the two. Held, converging.
+	later := append(slices.Clone(never), at(12, "y-2/a", "proxy outbound 10.88.1.12:40015 -> 10.96.0.20:80"))
+	if w, _ := s.Wire(pods, svcs, later); !w.Held() || strings.Join(w.Converging, ",") != "y-2/a -> x-1/a (1)" {
+		t.Errorf("in force after the last accepted connection: %s", w)
 	}
 	// Half-open: the client's proxy saw its connection complete (a SYN-ACK came back) but no
 	// server's proxy accepted it: the rest of the handshake was dropped. Held.
@@ -147,5 +155,45 @@ func TestNetpolWire(t *testing.T) {
 	// An allowed pair the proxy never carried.
 	if w, _ := s.Wire(pods, svcs, append(lines[:4:4], lines[5:]...)); w.Held() || strings.Join(w.Missing, ",") != "x-1/a -> y-2/a" {
 		t.Errorf("without x-1/a's connection to y-2/a: %s", w)
+	}
+}
+
+func TestParseNetpolRetry(t *testing.T) {
+	// The end of a step that passed after its second round, as e2e.test v1.37.2 writes it.
+	passed := `  STEP: Validating reachability matrix... (FIRST TRY) - k8s.io/kubernetes/test/e2e/network/netpol/test_helper.go:117 @ 12/05/26 20:17:41.728
+  I1205 20:17:52.087135   15230 kubemanager.go:215]  probe #12 :: connectivity not expected :: netpol-y-9598/a -> 10.96.0.121
+  I1205 20:17:52.087193   15230 probe.go:100] Validation of netpol-y-9598/a -> netpol-x-7268/a FAILED !!!
+  I1205 20:17:52.257400   15230 test_helper.go:122] failed first probe 1 wrong results ... retrying (SECOND TRY)
+  I1205 20:18:06.645506   15230 test_helper.go:134] VALIDATION SUCCESSFUL
+`
+	r, err := ParseNetpolRetry(netpolOutput[:strings.Index(netpolOutput, "  STEP: Validating reachability matrix... (FIRST TRY)")] + passed)
+	if err != nil || !r.Retried || r.Took != 24917506*time.Microsecond {
+		t.Errorf("retried step: %+v, %v; want retried, 24.917506s", r, err)
+	}
+	first := strings.Replace(passed, "retrying (SECOND TRY)", "", 1)
+	if r, err := ParseNetpolRetry(first); err != nil || r.Retried {
+		t.Errorf("step without a second round: %+v, %v", r, err)
+	}
+	if _, err := ParseNetpolRetry(netpolOutput); err == nil {
+		t.Error("a step that failed read as passed")
+	}
+}
+
+// A row is late only when nothing but pairs not seen in force keeps the wire from holding and
+// the same step without detour needed its second round.
+func TestNetpolRowLate(t *testing.T) {
+	row := NetpolRow{Row: Row{Without: Result{Status: StatusPassed}, With: Result{Status: StatusFailed}},
+		Step: &NetpolStep{}, Wire: NetpolWire{Denied: 1, NotInForce: []string{"y/a -> x/a"}}}
+	if row.Late() || !row.Regression() {
+		t.Errorf("without a second round without detour: late %v, regression %v", row.Late(), row.Regression())
+	}
+	row.WithoutStep = NetpolRetry{Retried: true, Took: 25 * time.Second}
+	if !row.Late() || row.Regression() {
+		t.Errorf("second round without detour: late %v, regression %v", row.Late(), row.Regression())
+	}
+	leak := row
+	leak.Wire.Leaks = []string{"y/a -> x/b"}
+	if leak.Late() || !leak.Regression() {
+		t.Errorf("with a leak too: late %v, regression %v", leak.Late(), leak.Regression())
 	}
 }

@@ -86,15 +86,34 @@ func Run(ctx context.Context, run Runner, o Options) ([]Result, error) {
 	for _, r := range all {
 		byName[r.Name] = r
 	}
+	logged := timelines(stdout+stderr, o.Tests)
 	results := make([]Result, len(o.Tests))
 	for i, name := range o.Tests {
 		r, ok := byName[name]
 		if !ok {
 			r = Result{Name: name, Status: StatusMissing}
 		}
+		if r.Output == "" {
+			r.Output = logged[name]
+		}
 		results[i] = r
 	}
 	return results, nil
+}
+
+// timelines are the reports of the tests named in e2e.test's log, by name. With -v Ginkgo
+// prints every test's timeline there, a passed one's too, which its JUnit report leaves out:
+// a block between two rules of dashes that opens with the test's name (its labels after it).
+func timelines(log string, names []string) map[string]string {
+	out := map[string]string{}
+	for block := range strings.SplitSeq(log, "\n------------------------------\n") {
+		for _, name := range names {
+			if strings.HasPrefix(block, name+" ") || strings.Contains(block, "\n"+name+" ") {
+				out[name] = block
+			}
+		}
+	}
+	return out
 }
 
 func lastLines(s string, n int) string {

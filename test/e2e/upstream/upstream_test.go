@@ -155,3 +155,17 @@ func TestCount(t *testing.T) {
 		t.Errorf("Fraction of no pods %v, want 1", f)
 	}
 }
+
+// A passed test's timeline is only in the log: Ginkgo's JUnit report leaves it out.
+func TestTimelines(t *testing.T) {
+	name := "[sig-network] Netpol NetworkPolicy between server and client should deny ingress access to updated pod [Feature:NetworkPolicy]"
+	log := "Running in parallel across 3 processes\n------------------------------\n" +
+		"[ReportBeforeSuite] PASSED [0.001 seconds]\n------------------------------\n" +
+		"• [27.627 seconds]\n" + name + " [sig-network, Feature:NetworkPolicy]\nk8s.io/kubernetes@v1.37.2/test/e2e/network/netpol/network_policy.go:748\n\n" +
+		"  Timeline >>\n  STEP: Validating reachability matrix... (FIRST TRY) @ 12/05/26 21:56:23.977\n  <<\n------------------------------\n" +
+		"• [13.1 seconds]\n" + name + "s on other pods [Feature:NetworkPolicy]\n  Timeline >>\n  <<\n"
+	got := timelines(log, []string{name, "not in the log"})
+	if len(got) != 1 || !strings.Contains(got[name], "(FIRST TRY) @ 12/05/26 21:56:23.977") || strings.Contains(got[name], "13.1 seconds") {
+		t.Errorf("timelines: %q", got)
+	}
+}

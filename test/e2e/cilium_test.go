@@ -45,6 +45,7 @@ func TestE2ECilium(t *testing.T) {
 	}{
 		{"chained-after-cilium", func(t *testing.T) { ciliumChained(t, ctx, e, nodes) }},
 		{"cross-node", func(t *testing.T) { ciliumCrossNode(t, ctx, e, b) }},
+		{"pod-start", func(t *testing.T) { ciliumPodStart(t, ctx, e) }},
 		{"cilium-restarts-on-every-node", func(t *testing.T) { ciliumRestarts(t, ctx, e, nodes) }},
 		{"cni-exclusive", func(t *testing.T) { ciliumExclusive(t, ctx, e, nodes) }},
 		// The last: the third node leaves first, so that the scale-out's nodes make three.
@@ -181,6 +182,45 @@ func ciliumCrossNode(t *testing.T, ctx context.Context, e *framework.Env, b *fra
 		})
 	}
 	clusterCrossNode(t, ctx, e, b)
+}
+
+// ciliumPodStart measures how long a pod takes from its creation to Ready on Cilium, as
+// BenchmarkPodStartLatency's rows 1 and 5 do on the bridge: the mesh without detour (the test
+// proxy a native sidecar with its startup probe, added by hand) and detour with its chart's
+// defaults (the check at the proxy's start, the hook gate), DETOUR_E2E_BENCH_PODS of each
+// (default 15), alternating. The figures are for docs/benchmarks.md; it fails only when a pod
+// does not become Ready.
+func ciliumPodStart(t *testing.T, ctx context.Context, e *framework.Env) {
+	n := 15
+	if v := os.Getenv("DETOUR_E2E_BENCH_PODS"); v != "" {
+		fmt.Sscan(v, &n)
+	}
+	e.Namespace(t, ctx, "start-plain", false)
+	e.Namespace(t, ctx, "start-detour", true)
+	defer e.DropNamespaces(t, ctx, "start-plain", "start-detour")
+	rows := []struct {
+		name, ns string
+		plain    func(*corev1.Pod)
+		took     []time.Duration
+	}{
+		{name: "no detour, the proxy a native sidecar", ns: "start-plain", plain: func(p *corev1.Pod) { nativeProxy(e, p) }},
+		{name: "detour, chart defaults (hook gate)", ns: "start-detour"},
+	}
+	for i := range n {
+		for k := range rows {
+			pt, err := podStart(ctx, e, rows[k].ns, fmt.Sprintf("p%d", i), rows[k].plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rows[k].took = append(rows[k].took, pt.ready.Sub(pt.created))
+		}
+	}
+	var b strings.Builder
+	for _, r := range rows {
+		p50, p99 := percentiles(r.took)
+		fmt.Fprintf(&b, "\n%s: p50 %s, p99 %s (%d pods)", r.name, p50.Round(time.Millisecond), p99.Round(time.Millisecond), len(r.took))
+	}
+	t.Logf("creation → Ready on Cilium, alternating:%s", b.String())
 }
 
 // ciliumWrites counts the times cilium-agent on n wrote its conflist, from its log (appended to

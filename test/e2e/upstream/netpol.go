@@ -201,8 +201,8 @@ type NetpolWire struct {
 	// DeniedAttempts the proxy's attempts to them.
 	DeniedTried, DeniedAttempts int
 	// Leaks are the denied pairs that got through: the server's proxy accepted a connection
-	// from the client after the policy was in force — from the start of the client's proxy's
-	// first failed dial.
+	// from the client after the policy was in force — from the last SYN of the client's
+	// proxy's first failed dial (NetpolLastSYN).
 	Leaks []string
 	// NotInForce are the denied pairs the policy was never seen acting on in the step: the
 	// client's proxy never failed, and the server's proxy accepted its connections up to the
@@ -227,6 +227,14 @@ type NetpolWire struct {
 // NetpolDialTimeout is how long the e2e's test proxy waits for its own connection to a
 // destination (testprog.Proxy's DialTimeout): a dial it logs as failed began that long before.
 const NetpolDialTimeout = 5 * time.Second
+
+// NetpolLastSYN is when, after a dial's start, Linux sends its last SYN within
+// NetpolDialTimeout: the first at once, again after the initial retransmission timeout of 1 s
+// and after 2 s more (the next would be 4 s later). A dial that timed out had that SYN
+// dropped, so the policy was in force then at the latest; it may have begun before the policy
+// existed (a run read with the dial's start as the moment counted a connection accepted
+// 110 ms after the policy was created as a leak).
+const NetpolLastSYN = 3 * time.Second
 
 // Held reports whether the policies held through the proxies exactly as the truth table says:
 // no denied pair got through, every denied pair was tried and failed, every allowed pair
@@ -315,9 +323,9 @@ func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (Ne
 					lastOK = l.Time
 				}
 			}
-			// The policy was in force from the first failed dial's start: its line comes when the
-			// dial timed out.
-			inForce := firstFail.Add(-NetpolDialTimeout)
+			// The policy was in force by the first failed dial's last SYN: its line comes when
+			// the dial timed out.
+			inForce := firstFail.Add(-NetpolDialTimeout + NetpolLastSYN)
 			accepted, acceptedAfter := 0, 0
 			var lastAccepted time.Time
 			for _, l := range byPod[to] {

@@ -117,14 +117,16 @@ func TestNetpolWire(t *testing.T) {
 		t.Errorf("with a leak: %s", w)
 	}
 	// The policy in force only after the step began (Cilium allocating a relabelled pod's
-	// identity): the server's proxy accepted y-2/a before y-2/a's first failed dial began (it
-	// failed at 8 s, so it began at 3 s), none after. Held, and the pair is named as converging.
-	early := append(slices.Clone(lines), at(2, "x-1/b", "proxy inbound 10.88.1.12:40010 -> 10.88.0.11:80 app 127.0.0.1:80"))
+	// identity): the server's proxy accepted y-2/a before the last SYN of y-2/a's first failed
+	// dial (logged at 9 s, it began at 4 s and sent its last SYN at 7 s), none after. Held, and
+	// the pair is named as converging.
+	early := append(slices.Clone(lines), at(6, "x-1/b", "proxy inbound 10.88.1.12:40010 -> 10.88.0.11:80 app 127.0.0.1:80"))
 	if w, _ := s.Wire(pods, svcs, early); !w.Held() || strings.Join(w.Converging, ",") != "y-2/a -> x-1/b (1)" {
 		t.Errorf("accepted before the policy was in force: %s", w)
 	}
-	// Accepted while the first failed dial was under way: the policy was in force, a leak.
-	during := append(slices.Clone(lines), at(7, "x-1/b", "proxy inbound 10.88.1.12:40014 -> 10.88.0.11:80 app 127.0.0.1:80"))
+	// Accepted after that SYN, while the failing dial was still under way: the policy was in
+	// force, a leak.
+	during := append(slices.Clone(lines), at(8, "x-1/b", "proxy inbound 10.88.1.12:40014 -> 10.88.0.11:80 app 127.0.0.1:80"))
 	if w, _ := s.Wire(pods, svcs, during); w.Held() || len(w.Leaks) != 1 || !strings.Contains(w.Leaks[0], "y-2/a -> x-1/b") {
 		t.Errorf("accepted during a failing dial: %s", w)
 	}

@@ -59,7 +59,7 @@ func TestNetpolCilium(t *testing.T) {
 	dir := reportDir(t, e, "DETOUR_NETPOL_DIR", "netpol-cilium")
 	run, procs := upstreamRunner(t, ctx, e, dir, tests)
 	without, tookWithout := run("without-detour-")
-	relabelWithout := netpolRelabel(t, ctx, e, "without", false)
+	relabelWithout := netpolRelabel(t, ctx, e, relabelForm{Name: "without detour", Prefix: "relabel-nodetour"})
 
 	rec := meshEveryPod(t, ctx, e)
 	logs, err := upstream.FollowProxyLogs(ctx, e.Node.Client)
@@ -67,7 +67,8 @@ func TestNetpolCilium(t *testing.T) {
 		t.Fatal(err)
 	}
 	with, tookWith := run("with-detour-")
-	relabelWith := netpolRelabel(t, ctx, e, "with", true)
+	relabelWith := netpolRelabel(t, ctx, e, relabelForm{Name: "with detour, meshed", Prefix: "relabel-meshed", Meshed: true},
+		relabelForm{Name: "with detour, opted out", Prefix: "relabel-optout", OptOut: true})
 	logs.Stop()
 	rec.Stop()
 

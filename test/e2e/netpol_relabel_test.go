@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -22,7 +23,7 @@ import (
 )
 
 const (
-	// relabelPairs is how many servers are relabelled at once in each run.
+	// relabelPairs is how many pairs of each form are relabelled at once.
 	relabelPairs = 3
 	// relabelWatch is how long their clients are watched after the relabel: four times the
 	// step of e2e.test's "should deny ingress access to updated pod" (two rounds of probes
@@ -33,44 +34,78 @@ const (
 	relabelMinAfter = 10
 )
 
-// netpolRelabel is e2e.test's "should deny ingress access to updated pod" watched for longer: in
-// relabelPairs namespaces at once, a client dials a server's Service every half second; the
-// server is relabelled into a policy that denies it all ingress, and the client is watched for
-// relabelWatch. Cilium enforces a relabelled pod's policy only once it has allocated the
-// pod's new identity: from 5 to 33 s after the relabel here, with or without detour, around
-// the 20 s the upstream test's step gives it, so the test fails at times without detour, and
-// its step ends before the policy is in force at times with it. Here the policy has time to come into force: the figures are when it did,
-// without and with detour, and that no dial got through after it. meshed says whether detour
-// injects the pods (it fails the run when they are not injected, or the policy does not hold).
-func netpolRelabel(t *testing.T, ctx context.Context, e *framework.Env, run string, meshed bool) []upstream.Relabel {
+// relabelForm is one kind of pair netpolRelabel watches: meshed (detour injects both pods) or
+// not, and whether the namespace opts out of injection (a cluster where detour injects every
+// pod otherwise).
+type relabelForm struct {
+	Name, Prefix   string
+	Meshed, OptOut bool
+}
+
+// relabelResult is one pair's outcome, with its form's name.
+type relabelResult struct {
+	Form string
+	upstream.Relabel
+}
+
+// netpolRelabel is e2e.test's "should deny ingress access to updated pod" watched for longer:
+// relabelPairs pairs of each form at once, in a namespace each, a client dialling a server's
+// Service every half second; every server is relabelled into a policy that denies it all
+// ingress, and the clients are watched for relabelWatch. Cilium enforces a relabelled pod's
+// policy only once it has allocated the pod's new identity, which took from 7 to 33 s here,
+// around the 20 s the upstream test's step gives it: so the test fails at times without
+// detour, and its step ends before the policy is in force at times with it. Here the policy has
+// time to come into force: the figures are when it did, and that no dial got through after it;
+// the forms run side by side so that they share the cluster's load. It fails the run when a
+// pod is injected against its form, or a meshed pair's policy does not hold.
+func netpolRelabel(t *testing.T, ctx context.Context, e *framework.Env, forms ...relabelForm) []relabelResult {
 	t.Helper()
-	out := make([]upstream.Relabel, relabelPairs)
+	var out []relabelResult
+	var names []string
+	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for i := range relabelPairs {
-		ns := fmt.Sprintf("relabel-%s-%d", run, i)
-		e.Namespace(t, ctx, ns, false)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r, err := relabelOne(ctx, e, ns, meshed)
-			if err != nil {
-				t.Errorf("%s: %v\n%s", ns, err, e.Describe(ctx, ns))
-			}
-			out[i] = r
-		}()
-	}
-	wg.Wait()
-	for _, r := range out {
-		if meshed && r.Pod != "" && !r.Held(relabelMinAfter) {
-			t.Errorf("with detour, the relabelled server's policy did not hold: %s", r)
+	for _, f := range forms {
+		for i := range relabelPairs {
+			ns := fmt.Sprintf("%s-%d", f.Prefix, i)
+			relabelNamespace(t, ctx, e, ns, f.OptOut)
+			names = append(names, ns)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r, err := relabelOne(ctx, e, ns, f.Meshed)
+				if err != nil {
+					t.Errorf("%s: %v\n%s", ns, err, e.Describe(ctx, ns))
+					return
+				}
+				if f.Meshed && !r.Held(relabelMinAfter) {
+					t.Errorf("with detour, the relabelled server's policy did not hold: %s", r)
+				}
+				mu.Lock()
+				out = append(out, relabelResult{f.Name, r})
+				mu.Unlock()
+			}()
 		}
 	}
-	var names []string
-	for i := range relabelPairs {
-		names = append(names, fmt.Sprintf("relabel-%s-%d", run, i))
-	}
+	wg.Wait()
 	e.DropNamespaces(t, ctx, names...)
+	slices.SortFunc(out, func(a, b relabelResult) int { return strings.Compare(a.Pod, b.Pod) })
 	return out
+}
+
+// relabelNamespace creates ns, opted out of injection if optOut.
+func relabelNamespace(t *testing.T, ctx context.Context, e *framework.Env, ns string, optOut bool) {
+	t.Helper()
+	if !optOut {
+		e.Namespace(t, ctx, ns, false)
+		return
+	}
+	obj := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Annotations: map[string]string{annotations.Inject: "disabled"}}}
+	if _, err := e.Node.Client.CoreV1().Namespaces().Create(ctx, obj, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Node.WaitServiceAccount(ctx, ns); err != nil {
+		t.Fatalf("namespace %s has no default ServiceAccount: %v", ns, err)
+	}
 }
 
 // relabelOne runs one server and its client in ns (see netpolRelabel).
@@ -159,26 +194,19 @@ func relabelClientLog(ctx context.Context, e *framework.Env, ns string) ([]upstr
 	return lines, nil
 }
 
-// relabelTable is both runs' relabels as a Markdown section of the report.
-func relabelTable(without, with []upstream.Relabel) string {
+// relabelTable is the relabels as a Markdown section of the report.
+func relabelTable(results ...[]relabelResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n## A relabelled server, watched for %s\n\n", relabelWatch)
-	b.WriteString("e2e.test's \"should deny ingress access to updated pod\" gives Cilium about 20 s to enforce a relabelled pod's policy; here a client dials the relabelled server's Service every 500 ms for " + relabelWatch.String() + ", " +
-		fmt.Sprintf("%d pairs at once in each run.\n\n", relabelPairs))
-	b.WriteString("| run | client | last dial through, after the relabel | first dial denied | dials after it | of them through |\n|---|---|---|---|---|---|\n")
-	for _, run := range []struct {
-		name string
-		rs   []upstream.Relabel
-	}{{"without detour", without}, {"with detour", with}} {
-		for _, r := range run.rs {
-			if r.Pod == "" {
-				continue
-			}
+	fmt.Fprintf(&b, "e2e.test's \"should deny ingress access to updated pod\" gives Cilium about 20 s to enforce a relabelled pod's policy; here a client dials the relabelled server's Service every 500 ms for %s, %d pairs of each form at once, the forms of a run side by side.\n\n", relabelWatch, relabelPairs)
+	b.WriteString("| form | client | last dial through, after the relabel | first dial denied | dials after it | of them through |\n|---|---|---|---|---|---|\n")
+	for _, rs := range results {
+		for _, r := range rs {
 			denied := "never"
 			if r.FirstDenied > 0 {
 				denied = r.FirstDenied.Round(100 * time.Millisecond).String()
 			}
-			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d |\n", run.name, r.Pod, r.LastThrough.Round(100*time.Millisecond), denied, r.After, r.Through)
+			fmt.Fprintf(&b, "| %s | %s | %s | %s | %d | %d |\n", r.Form, r.Pod, r.LastThrough.Round(100*time.Millisecond), denied, r.After, r.Through)
 		}
 	}
 	return b.String()

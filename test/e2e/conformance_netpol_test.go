@@ -30,8 +30,9 @@ import (
 // allows it, or the step cannot be read; when a denied pair was never seen in force by the
 // step's end, unless the same step without detour needed its second round too (NetpolRow.Late);
 // and when fewer than 95% of the tests' pod-network pods were injected. After each run,
-// netpolRelabel watches a relabelled server for a minute, longer than the upstream test does,
-// and fails the run when the policy does not hold through the proxies. It writes $DETOUR_NETPOL_DIR/report.md (default bin/netpol-cilium/), with the
+// netpolRelabel watches relabelled servers for longer than the upstream test does, and fails
+// the run when the policy does not hold through the proxies. Last, make e2e's conformance
+// smoke runs on the cluster with every pod meshed. It writes $DETOUR_NETPOL_DIR/report.md (default bin/netpol-cilium/), with the
 // JUnit reports, e2e.test's logs and the proxies' logs. DETOUR_CONFORMANCE_PROCS (default 3) is
 // the parallel processes of each run; DETOUR_NETPOL_FOCUS (a regular expression) runs only the
 // tests whose names match, to look at one closely.
@@ -108,6 +109,9 @@ func TestNetpolCilium(t *testing.T) {
 	if len(unread) > 0 {
 		t.Logf("proxies whose log could not be followed: %s", strings.Join(unread, "; "))
 	}
+	// make e2e's conformance smoke (sig-network: Services, DNS, pod to pod, session affinity,
+	// NodePort) on Cilium, detour still injecting every pod.
+	t.Run("conformance-smoke", func(t *testing.T) { conformanceSmoke(t, ctx, e) })
 }
 
 // ciliumVersion is cilium-agent's own version.

@@ -52,7 +52,7 @@ type relabelResult struct {
 // relabelPairs pairs of each form at once, in a namespace each, a client dialling a server's
 // Service every half second; every server is relabelled into a policy that denies it all
 // ingress, and the clients are watched for relabelWatch. Cilium enforces a relabelled pod's
-// policy only once it has allocated the pod's new identity, which took from 7 to 35 s here,
+// policy only once it has allocated the pod's new identity, which took from 7 to 37 s here,
 // around the 20 s the upstream test's step gives it: so the test fails at times without
 // detour, and its step ends before the policy is in force at times with it. Here the policy has
 // time to come into force: the figures are when it did, and that no dial got through after it;

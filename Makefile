@@ -74,7 +74,8 @@ conformance:
 # Kubernetes' NetworkPolicy tests on Cilium with every pod meshed (docs/conformance.md; not in
 # CI): the [sig-network] Netpol tests of e2e.test v1.37.2 on a two-node Cilium cluster, once
 # without detour and once with detour injecting every pod, each failure read against what the
-# proxies carried; the table goes to bin/netpol-cilium/report.md. Builds Cilium like
+# proxies carried, relabelled servers watched for 90 s, then make e2e's conformance smoke with
+# every pod meshed; the table goes to bin/netpol-cilium/report.md. Builds Cilium like
 # e2e-cluster.
 netpol-cilium:
 	DETOUR_BINARIES=cluster DETOUR_HOST_DEPS=cluster GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestNetpolCilium ./test/e2e

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -35,6 +34,7 @@ type ProxyLine struct {
 // probes concluded.
 type ProxyLogs struct {
 	client kubernetes.Interface
+	pods   cache.Store // the informer's: what running reads
 	before map[string]bool
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -60,6 +60,7 @@ func FollowProxyLogs(ctx context.Context, client kubernetes.Interface) (*ProxyLo
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	factory := informers.NewSharedInformerFactory(client, 0)
 	inf := factory.Core().V1().Pods().Informer()
+	l.pods = inf.GetStore()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: l.seen, UpdateFunc: func(_, obj any) { l.seen(obj) },
 	}); err != nil {
@@ -168,12 +169,14 @@ func (l *ProxyLogs) read(pod string, stream io.Reader, since time.Time) (time.Ti
 	return last, n
 }
 
-// running reports whether the pod is there and may still log: not gone, not ended.
+// running reports whether the pod is there and may still log: not gone, not ended (as the
+// informer has it, rather than a GET each time a stream ends).
 func (l *ProxyLogs) running(ns, name string) bool {
-	p, err := l.client.CoreV1().Pods(ns).Get(l.ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return !apierrors.IsNotFound(err) && l.ctx.Err() == nil
+	obj, ok, err := l.pods.GetByKey(ns + "/" + name)
+	if err != nil || !ok {
+		return false
 	}
+	p := obj.(*corev1.Pod)
 	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 

@@ -151,7 +151,7 @@ func relabelOne(ctx context.Context, e *framework.Env, ns string, meshed bool) (
 		}
 	}
 	// The client's dials get through before the relabel.
-	var lines []upstream.ProxyLine
+	var lines []upstream.LogLine
 	if err := framework.Poll(ctx, 3*time.Minute, func() (bool, error) {
 		lines, err = relabelClientLog(ctx, e, ns)
 		for _, l := range lines {
@@ -180,14 +180,14 @@ func relabelOne(ctx context.Context, e *framework.Env, ns string, meshed bool) (
 }
 
 // relabelClientLog is the client's log, its lines stamped by the kubelet.
-func relabelClientLog(ctx context.Context, e *framework.Env, ns string) ([]upstream.ProxyLine, error) {
+func relabelClientLog(ctx context.Context, e *framework.Env, ns string) ([]upstream.LogLine, error) {
 	data, err := e.Node.Client.CoreV1().Pods(ns).GetLogs("client", &corev1.PodLogOptions{Container: "app", Timestamps: true}).DoRaw(ctx)
 	if err != nil {
 		return nil, err
 	}
-	var lines []upstream.ProxyLine
+	var lines []upstream.LogLine
 	for s := range strings.SplitSeq(string(data), "\n") {
-		if l, ok := upstream.ParseProxyLine(ns+"/client", s); ok {
+		if l, ok := upstream.ParseLogLine(ns+"/client", s); ok {
 			lines = append(lines, l)
 		}
 	}

@@ -275,7 +275,7 @@ func (w NetpolWire) String() string {
 // Wire checks a step against the proxies' logs: pods and services are the Recorder's (for
 // the pods' IPs and their Services' ClusterIPs), lines the proxies'. A probe's address is its
 // Service's ClusterIP (s-<namespace>-<pod>, as netpol's model names it) and the step's port.
-func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (NetpolWire, error) {
+func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []LogLine) (NetpolWire, error) {
 	var w NetpolWire
 	if s.Port == "" {
 		return w, fmt.Errorf("the step's port is unknown (no probe's command in the output)")
@@ -288,7 +288,7 @@ func (s *NetpolStep) Wire(pods []Pod, services []Service, lines []ProxyLine) (Ne
 	for _, sv := range services {
 		addrOf[sv.Namespace+"/"+sv.Name] = net.JoinHostPort(sv.ClusterIP, s.Port)
 	}
-	byPod := map[string][]ProxyLine{}
+	byPod := map[string][]LogLine{}
 	for _, l := range lines {
 		if !l.Time.Before(s.Start) {
 			byPod[l.Pod] = append(byPod[l.Pod], l)
@@ -431,7 +431,7 @@ func (r NetpolRow) Regression() bool {
 // CompareNetpol lines up two runs of the NetworkPolicy tests and reads, for each test that
 // failed with detour only, its step and the proxies' logs (pods and services from the
 // Recorder).
-func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines []ProxyLine) []NetpolRow {
+func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines []LogLine) []NetpolRow {
 	var rows []NetpolRow
 	for _, r := range Compare(without, with) {
 		row := NetpolRow{Row: r}

@@ -89,10 +89,10 @@ func TestNetpolWire(t *testing.T) {
 	}
 	pods := []Pod{{Namespace: "x-1", Name: "a", IP: "10.88.0.10"}, {Namespace: "x-1", Name: "b", IP: "10.88.0.11"}, {Namespace: "y-2", Name: "a", IP: "10.88.1.12"}}
 	svcs := []Service{{"x-1", "s-x-1-a", "10.96.0.20"}, {"x-1", "s-x-1-b", "10.96.0.21"}, {"y-2", "s-y-2-a", "10.96.0.22"}}
-	at := func(sec int, pod, text string) ProxyLine {
-		return ProxyLine{Time: s.Start.Add(time.Duration(sec) * time.Second), Pod: pod, Text: text}
+	at := func(sec int, pod, text string) LogLine {
+		return LogLine{Time: s.Start.Add(time.Duration(sec) * time.Second), Pod: pod, Text: text}
 	}
-	lines := []ProxyLine{
+	lines := []LogLine{
 		// Before the step: the pair was allowed then; it does not count.
 		at(-5, "x-1/a", "proxy outbound 10.88.0.10:40000 -> 10.96.0.21:80"),
 		at(-5, "x-1/b", "proxy inbound 10.88.0.10:40000 -> 10.88.0.11:80 app 127.0.0.1:80"),
@@ -133,7 +133,7 @@ func TestNetpolWire(t *testing.T) {
 	// Never seen in force: the server's proxy accepted up to the client's last connection, and
 	// the client's proxy never failed. Not held, and not a leak either: the wire cannot tell
 	// a policy that does not hold from one not enforced yet.
-	never := []ProxyLine{lines[2], lines[3], lines[4], lines[5], at(8, "y-2/a", "proxy outbound 10.88.1.12:40011 -> 10.96.0.20:80"),
+	never := []LogLine{lines[2], lines[3], lines[4], lines[5], at(8, "y-2/a", "proxy outbound 10.88.1.12:40011 -> 10.96.0.20:80"),
 		at(8, "x-1/a", "proxy inbound 10.88.1.12:40012 -> 10.88.0.10:80 app 127.0.0.1:80"), lines[7], lines[8]}
 	if w, _ := s.Wire(pods, svcs, never); w.Held() || len(w.Leaks) != 0 || strings.Join(w.NotInForce, ",") != "y-2/a -> x-1/a (1 accepted, the last 8s after the step began; the client's proxy never failed)" {
 		t.Errorf("never in force: %s", w)

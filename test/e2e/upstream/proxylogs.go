@@ -18,10 +18,11 @@ import (
 	"github.com/detourmesh/detour/annotations"
 )
 
-// ProxyLine is one line of a proxy's log, with the time the kubelet stamped it with.
-type ProxyLine struct {
+// LogLine is one line of a container's log (a proxy's, or the relabel run's client's), with
+// the time the kubelet stamped it with.
+type LogLine struct {
 	Time time.Time
-	// Pod is the proxy's pod, namespace/name.
+	// Pod is the container's pod, namespace/name.
 	Pod  string
 	Text string
 }
@@ -42,7 +43,7 @@ type ProxyLogs struct {
 
 	mu        sync.Mutex
 	following map[string]bool // by pod UID
-	lines     []ProxyLine
+	lines     []LogLine
 	errs      []string
 	resumed   int
 }
@@ -154,7 +155,7 @@ func (l *ProxyLogs) read(pod string, stream io.Reader, since time.Time) (time.Ti
 	sc := bufio.NewScanner(stream)
 	sc.Buffer(make([]byte, 64*1024), 1024*1024)
 	for sc.Scan() {
-		line, ok := ParseProxyLine(pod, sc.Text())
+		line, ok := ParseLogLine(pod, sc.Text())
 		if !ok || !line.Time.After(since) {
 			continue
 		}
@@ -180,18 +181,18 @@ func (l *ProxyLogs) running(ns, name string) bool {
 	return p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed
 }
 
-// ParseProxyLine reads one line of a log the kubelet serves with timestamps ("2026-12-05T14:03:45.123456789Z
+// ParseLogLine reads one line of a log the kubelet serves with timestamps ("2026-12-05T14:03:45.123456789Z
 // text").
-func ParseProxyLine(pod, s string) (ProxyLine, bool) {
+func ParseLogLine(pod, s string) (LogLine, bool) {
 	stamp, text, ok := strings.Cut(s, " ")
 	if !ok {
-		return ProxyLine{}, false
+		return LogLine{}, false
 	}
 	t, err := time.Parse(time.RFC3339Nano, stamp)
 	if err != nil {
-		return ProxyLine{}, false
+		return LogLine{}, false
 	}
-	return ProxyLine{Time: t, Pod: pod, Text: text}, true
+	return LogLine{Time: t, Pod: pod, Text: text}, true
 }
 
 // Stop ends the following (the logs of pods that still run end there) and waits for it.
@@ -203,10 +204,10 @@ func (l *ProxyLogs) Stop() {
 }
 
 // Lines returns the lines read so far, and the pods whose log could not be followed.
-func (l *ProxyLogs) Lines() ([]ProxyLine, []string) {
+func (l *ProxyLogs) Lines() ([]LogLine, []string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]ProxyLine(nil), l.lines...), append([]string(nil), l.errs...)
+	return append([]LogLine(nil), l.lines...), append([]string(nil), l.errs...)
 }
 
 // Resumed is how many times a proxy's log stream ended while the proxy went on logging: the

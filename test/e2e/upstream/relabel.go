@@ -28,7 +28,7 @@ type Relabel struct {
 
 // ReadRelabel reads the client's log (its lines as the kubelet stamps them) for the dials that
 // ended after at.
-func ReadRelabel(pod string, at time.Time, lines []ProxyLine) Relabel {
+func ReadRelabel(pod string, at time.Time, lines []LogLine) Relabel {
 	r := Relabel{Pod: pod, At: at}
 	denied := false
 	for _, l := range lines {

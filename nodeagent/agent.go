@@ -51,7 +51,9 @@ type Agent struct {
 	// passes counts the reconcile passes Run has finished (tests wait on it).
 	passes atomic.Int64
 
-	// war follows the primary's file and detour's entry in it (entrywar.go; the reconcile only).
+	// war follows the primary's file and detour's entry in it (entrywar.go): the reconcile and
+	// the agent's own writes of configuration files (writeConfig, uninstalls included), all on
+	// Run's goroutine.
 	war entryWar
 
 	// metrics are the agent's counters (Register exposes them).

@@ -59,7 +59,7 @@ func (a *Agent) ensureEntry(primary, file string, data []byte) (string, error) {
 		if attempt == 3 {
 			// Give the primary's newest version back to the runtime as it wrote it; the next
 			// event (this write) adds the entry to it.
-			if _, err := fsutil.WriteFileAtomic(holder, newer, mode); err != nil {
+			if _, err := a.writeConfig(holder, newer, mode); err != nil {
 				return holder, err
 			}
 			return holder, &raceError{fmt.Sprintf("%s keeps being rewritten in place while detour adds its entry; trying again", primary)}
@@ -97,7 +97,7 @@ func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (s
 			return file, false, nil
 		}
 		a.beforeReplace()
-		if _, err := fsutil.WriteFileAtomic(file, out, mode); err != nil {
+		if _, err := a.writeConfig(file, out, mode); err != nil {
 			return file, false, err
 		}
 		a.log.Info("added detour's entry to the primary CNI configuration", "file", file)
@@ -120,7 +120,7 @@ func (a *Agent) putEntry(primary, file string, data []byte, mode fs.FileMode) (s
 		return primary, false, fmt.Errorf("add detour's entry to the conflist made from %s: %w", primary, err)
 	}
 	a.beforeReplace()
-	if _, err := fsutil.WriteFileAtomic(target, out, mode); err != nil {
+	if _, err := a.writeConfig(target, out, mode); err != nil {
 		return primary, false, err
 	}
 	if _, err := removeFile(primary); err != nil {
@@ -196,11 +196,24 @@ func (a *Agent) removeEntry(primary, file string, data []byte) error {
 	if !changed {
 		return nil
 	}
-	if _, err := fsutil.WriteFileAtomic(primary, out, fileMode(primary)); err != nil {
+	if _, err := a.writeConfig(primary, out, fileMode(primary)); err != nil {
 		return err
 	}
 	a.log.Warn("removed detour's entry from the primary CNI configuration", "file", primary)
 	return nil
+}
+
+// writeConfig writes data atomically, and only on change, to path: a configuration file the
+// runtime loads (the primary's, or the conflist converted from it). Every write of the agent's
+// to such a file goes through here, so that the war (entrywar.go) learns of each: an entry the
+// agent took out itself must never count as one the primary took out, nor its own write as the
+// primary's.
+func (a *Agent) writeConfig(path string, data []byte, mode fs.FileMode) (bool, error) {
+	wrote, err := fsutil.WriteFileAtomic(path, data, mode)
+	// Even after an error: the rename may have happened. Forgetting an entry that is still
+	// there only misses one drop; counting one the agent removed could refuse a healthy node.
+	a.war.wrote(path, hasEntry(data))
+	return wrote, err
 }
 
 func fileMode(path string) fs.FileMode {

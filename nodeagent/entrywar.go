@@ -12,8 +12,14 @@ import (
 // agent counts the passes at which its entry, left in the primary's file, was gone again; past
 // entryWarDrops of them within entryWarWindow it stops writing, refuses (the node is not ready
 // for meshed pods, and the DetourCNIRefused event says what to change) and tries again after
-// entryWarHoldOff. A primary that rewrites its file at its own start (Cilium without
-// cni.exclusive: three times per restart) stays far below.
+// entryWarHoldOff, or at once when the primary's file is written meanwhile: the operator's fix
+// (cni.exclusive=false) restarts cilium-agent, which writes its file again. A primary that
+// rewrites its file at its own start (Cilium without cni.exclusive: three times per restart)
+// stays far below.
+//
+// Only the primary's removals count: where the agent takes its entry out itself (a CNI version
+// the plugin does not speak, the move to the drop-in, an uninstall), it writes through
+// writeConfig, which tells the war.
 const (
 	entryWarDrops   = 10
 	entryWarWindow  = 30 * time.Second
@@ -29,14 +35,34 @@ type entryWar struct {
 	// until is when the agent tries again after refusing; msg is why it refuses.
 	until time.Time
 	msg   string
+	// refused is the primary's file the agent refused, and refusedID what os.Stat said of it
+	// then. Not its content: a restarted cilium-agent writes the same bytes again.
+	refused   string
+	refusedID fileID
 }
 
-// refusing returns the refusal while the hold-off lasts.
-func (w *entryWar) refusing(now time.Time) error {
-	if now.Before(w.until) {
-		return &refusedError{fmt.Sprintf("%s; detour tries again at %s", w.msg, w.until.UTC().Format(time.RFC3339))}
+// refusing returns the refusal while the hold-off lasts. file is the primary's file the agent
+// edits at this pass: when it is another one, or the refused one was written since, the hold-off
+// ends at once and why says so, for the log.
+func (w *entryWar) refusing(now time.Time, file string) (why string, err error) {
+	if !now.Before(w.until) {
+		return "", nil
 	}
-	return nil
+	id, serr := statID(w.refused)
+	switch {
+	case file != w.refused:
+		why = "the primary's configuration is another file since detour refused; trying again"
+	case serr != nil || id != w.refusedID:
+		why = "the primary's configuration was written since detour refused; trying again"
+	default:
+		return "", w.refusal()
+	}
+	w.until, w.msg, w.refused, w.refusedID = time.Time{}, "", "", fileID{}
+	return why, nil
+}
+
+func (w *entryWar) refusal() error {
+	return &refusedError{fmt.Sprintf("%s; detour tries again at %s", w.msg, w.until.UTC().Format(time.RFC3339))}
 }
 
 // saw records the primary's file as the agent finds it at the start of a pass with the entry
@@ -64,8 +90,25 @@ func (w *entryWar) saw(now time.Time, file string, hasIt bool, plugin string) er
 	w.msg = fmt.Sprintf("the primary CNI took detour's entry out of %s %d times within %s, each time right after detour put it back, so pods would start without it: %s",
 		file, len(w.drops), entryWarWindow, fix)
 	w.until, w.drops = now.Add(entryWarHoldOff), nil
-	return w.refusing(now)
+	// A file the agent cannot stat now ends the hold-off at the next pass: a retry too early,
+	// never a refusal kept past the primary's fix.
+	w.refused = file
+	w.refusedID, _ = statID(file)
+	return w.refusal()
 }
 
 // put records that the agent left its entry in file.
 func (w *entryWar) put(file string) { w.left = file }
+
+// wrote records a write of the agent's own to file. Without detour's entry (the agent took it
+// out, or gave the primary's version back), a later pass that finds the entry missing is not the
+// primary's doing: the war forgets it left one there. And the agent's write is not the primary
+// writing the refused file: it does not end the hold-off.
+func (w *entryWar) wrote(file string, withEntry bool) {
+	if !withEntry && file == w.left {
+		w.left = ""
+	}
+	if file == w.refused {
+		w.refusedID, _ = statID(file)
+	}
+}

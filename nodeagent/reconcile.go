@@ -179,8 +179,10 @@ func (a *Agent) reconcileFiles(ctx context.Context) (Status, error) {
 		s.Entry, err = a.ensureDropIn(primary, file, data, list.Name)
 	} else {
 		// A primary that takes the entry out as fast as it goes in is refused (entrywar.go).
-		if err := a.war.refusing(a.now()); err != nil {
+		if why, err := a.war.refusing(a.now(), file); err != nil {
 			return s, errors.Join(err, kubeconfigErr)
+		} else if why != "" {
+			a.log.Info(why, "file", file)
 		}
 		if err := a.war.saw(a.now(), file, hasEntry(data), firstPluginType(list)); err != nil {
 			return s, errors.Join(err, kubeconfigErr)

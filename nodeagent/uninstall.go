@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-
-	"github.com/detourmesh/detour/internal/fsutil"
 )
 
 // Uninstall removes what the agent installed: detour's entry from every conflist in the
@@ -106,7 +104,7 @@ func (a *Agent) removeAllEntries() error {
 			continue
 		}
 		if changed {
-			if _, err := fsutil.WriteFileAtomic(target, out, fileMode(target)); err != nil {
+			if _, err := a.writeConfig(target, out, fileMode(target)); err != nil {
 				errs = append(errs, fmt.Errorf("remove detour's entry from %s: %w", f, err))
 				continue
 			}

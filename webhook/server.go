@@ -107,29 +107,6 @@ func ServerVersion(cfg *rest.Config) (string, bool, error) {
 	return info.GitVersion, v.AtLeast(NativeSidecarVersion), nil
 }
 
-// watchAPIServerGate reads the API server's image-volume gate into modes now and every
-// gateRecheck until ctx ends, logging a change.
-func watchAPIServerGate(ctx context.Context, cs kubernetes.Interface, modes *ValidatorModes, log *slog.Logger) {
-	last := inject.Gate(-1)
-	for {
-		g, why := APIServerGate(ctx, cs)
-		if ctx.Err() != nil {
-			return
-		}
-		if g != last {
-			state := map[inject.Gate]string{inject.GateOn: "on", inject.GateOff: "off", inject.GateUnknown: "unknown"}[g]
-			log.Info("the API server's ImageVolume feature gate", "state", state, "why", why)
-			last = g
-		}
-		modes.SetAPIServerGate(g, why)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(gateRecheck):
-		}
-	}
-}
-
 // namespaceMeta is the metadata-only Namespace object the cache holds: the webhook needs only
 // annotations, and metadata is a fraction of the memory.
 func namespaceMeta() *metav1.PartialObjectMetadata {
@@ -222,38 +199,62 @@ func Run(ctx context.Context, o Options) error {
 	// The API server's gate and the nodes matter only where the check may run in the proxy's
 	// start: with validator.mode init-container the webhook neither reads nor watches them, and
 	// needs no RBAC for them.
-	nodesSynced := func() bool { return true }
+	// nodesSynced reports whether the node cache has synced, or that the webhook needs none; nil
+	// until the webhook knows whether it may watch nodes.
+	var nodesSynced atomic.Pointer[func() bool]
+	always := func() bool { return true }
 	if cfg.Validator.Mode != annotations.ValidatorInitContainer {
 		cs, err := kubernetes.NewForConfig(o.RESTConfig)
 		if err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
+		read, err := newGateReader(o.RESTConfig)
+		if err != nil {
+			return fmt.Errorf("run webhook: %w", err)
+		}
+		gate := &gateWatch{read: read, set: modes.SetAPIServerGate, log: log, sleep: sleep}
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			watchAPIServerGate(ctx, cs, modes, log)
+			gate.run(ctx)
 			return nil
 		})); err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
 		// Without RBAC on nodes (custom RBAC, or this image running under an older chart's
 		// ClusterRole) the node cache would never sync, and the webhook never become Ready:
-		// ask first, and run with the init container instead.
-		may, why, err := mayWatchNodes(ctx, cs)
-		switch {
-		case err != nil:
-			return fmt.Errorf("run webhook: %w", err)
-		case !may:
-			log.Warn("the validator's check runs as an init container in every pod", "reason", why)
-			modes.SetNodesUnknown(why)
-		default:
+		// ask first, and run with the init container instead. Asked once the manager runs, not
+		// before: while the API server does not answer, the webhook keeps asking, unready, and
+		// its /healthz answers, so that the kubelet does not restart it.
+		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			may, why, err := mayWatchNodes(ctx, cs, log, sleep)
+			switch {
+			case ctx.Err() != nil:
+				return nil // stopping
+			case err != nil:
+				return err
+			case !may:
+				log.Warn("the validator's check runs as an init container in every pod", "reason", why)
+				modes.SetNodesUnknown(why)
+				nodesSynced.Store(&always)
+				return nil
+			}
 			nodes, err := mgr.GetCache().GetInformer(ctx, &corev1.Node{})
+			if ctx.Err() != nil {
+				return nil
+			}
 			if err != nil {
-				return fmt.Errorf("run webhook: watch nodes: %w", err)
+				return fmt.Errorf("watch nodes: %w", err)
 			}
 			if _, err := nodes.AddEventHandler(modes.Handler()); err != nil {
-				return fmt.Errorf("run webhook: watch nodes: %w", err)
+				return fmt.Errorf("watch nodes: %w", err)
 			}
-			nodesSynced = nodes.HasSynced
+			synced := nodes.HasSynced
+			nodesSynced.Store(&synced)
+			return nil
+		})); err != nil {
+			return fmt.Errorf("run webhook: %w", err)
 		}
+	} else {
+		nodesSynced.Store(&always)
 	}
 	lookup := &namespaceCache{cached: mgr.GetClient(), live: mgr.GetAPIReader(), misses: m.nsMisses.Inc}
 	handler := NewHandler(&cfg, lookup, native, WithLogger(log.With("component", "admission")), WithMetrics(m), WithValidatorModes(modes))
@@ -282,7 +283,9 @@ func Run(ctx context.Context, o Options) error {
 			return errors.New("shutting down: waiting for the endpoints to drop this replica before closing")
 		case !informer.HasSynced():
 			return errors.New("the namespace cache has not synced yet")
-		case !nodesSynced():
+		case nodesSynced.Load() == nil:
+			return errors.New("the webhook has not learned yet whether it may watch nodes (the validator mode depends on the nodes): its log says why")
+		case !(*nodesSynced.Load())():
 			return errors.New("the node cache has not synced yet (the validator mode depends on the nodes)")
 		case cfg.Validator.Mode != annotations.ValidatorInitContainer && !modes.GateRead():
 			return errors.New("the API server's ImageVolume gate has not been read yet (the validator mode depends on it)")

@@ -101,18 +101,26 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 // event records one Event for an action on pod. A failure is logged and counted, not retried:
 // the action itself happened.
 func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg string) {
+	now := c.now()
+	if err := c.record(ctx, pod, EventReason, action, msg, fmt.Sprintf("%x", now.UnixNano())); err != nil {
+		c.log.Error("record event (the service account needs create on events)", "pod", pod.Namespace+"/"+pod.Name, "err", err)
+	}
+}
+
+// record creates a Warning Event on pod named after the pod and suffix; a failure is counted.
+func (c *Controller) record(ctx context.Context, pod *corev1.Pod, reason, action, msg, suffix string) error {
 	now := metav1.NewTime(c.now())
 	prefix := pod.Name
-	if len(prefix) > 230 { // an Event name is at most 253 characters
-		prefix = prefix[:230]
+	if max := 253 - 1 - len(suffix); len(prefix) > max { // an Event name is at most 253 characters
+		prefix = prefix[:max]
 	}
 	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s.%x", prefix, now.UnixNano()), Namespace: pod.Namespace},
+		ObjectMeta: metav1.ObjectMeta{Name: prefix + "." + suffix, Namespace: pod.Namespace},
 		InvolvedObject: corev1.ObjectReference{
 			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
 			FieldPath: "spec.initContainers{" + validator.CheckContainer(pod) + "}",
 		},
-		Reason:              EventReason,
+		Reason:              reason,
 		Message:             msg,
 		Type:                corev1.EventTypeWarning,
 		Source:              corev1.EventSource{Component: Component, Host: c.cfg.NodeName},
@@ -123,8 +131,56 @@ func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg str
 		ReportingController: "detour.dev/repair",
 		ReportingInstance:   Component + "-" + c.cfg.NodeName,
 	}
-	if _, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
+	_, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
 		c.metrics.Errors.WithLabelValues(ActionEvent).Inc()
-		c.log.Error("record event (the service account needs create on events)", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 	}
+	return err
+}
+
+// CheckPortEventReason is the reason of the Event recorded on a pod whose check found its own
+// port taken (exit 43, [validator.ExitPortInUse]).
+const CheckPortEventReason = "DetourCheckPortInUse"
+
+// reportPortInUse records one Warning Event on a pod whose check found its port taken by a
+// container of the pod (exit 43), and deletes nothing: a new pod would pass the check at the
+// proxy's start only until its proxy restarts again (or, in the validator container, fail the
+// same way), hiding a configuration error that people must fix. The Event's name is the pod's
+// UID's, so a restarted controller finds it there instead of recording another (the pod is
+// counted skipped again: counters start from zero with the process).
+func (c *Controller) reportPortInUse(ctx context.Context, pod *corev1.Pod) error {
+	c.mu.Lock()
+	done := c.done[pod.UID]
+	c.mu.Unlock()
+	if done {
+		return nil
+	}
+	container := validator.CheckContainer(pod)
+	said := validator.FailureMessage(pod)
+	if said == "" {
+		said = fmt.Sprintf("its message is not in the container's termination message: kubectl -n %s logs %s -c %s --previous", pod.Namespace, pod.Name, container)
+	}
+	msg := fmt.Sprintf("%s exited with code %d on node %s: %s. ", container, validator.ExitPortInUse, c.cfg.NodeName, said)
+	if container == annotations.ProxyContainer {
+		port := pod.Annotations[annotations.ValidatorCheckPort]
+		if port == "" {
+			port = "validator.checkPort"
+		}
+		msg += fmt.Sprintf("Detour does not recreate the pod: a new one would pass the check only until its proxy restarts again. "+
+			"Fix: move the port of the container that listens on the check port (%s), or have the cluster admin set the webhook's validator.checkPort to a port no container of the pod uses; then recreate the pod.", port)
+	} else {
+		msg += "Detour does not recreate the pod: the port is taken inside the pod, so a new one would fail the same way. " +
+			"Fix: keep detour-validator the first init container and its --port the pod's detour.dev/proxy-outbound-port; then recreate the pod."
+	}
+	err := c.record(ctx, pod, CheckPortEventReason, "Report", msg, "check-port-"+string(pod.UID))
+	switch {
+	case err == nil:
+		c.log.Info("the pod's check found its port taken by a container of the pod; recorded an Event, deleting nothing", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "container", container)
+	case apierrors.IsAlreadyExists(err): // recorded before a restart of the controller
+	default:
+		return fmt.Errorf("record the event of pod %s/%s: %w (the service account needs create on events)", pod.Namespace, pod.Name, err)
+	}
+	c.markDone(pod)
+	c.metrics.PodsSkipped.WithLabelValues(SkipCheckPortInUse).Inc()
+	return nil
 }

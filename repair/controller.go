@@ -111,7 +111,7 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) (*Controller, 
 
 func (c *Controller) enqueue(obj any) {
 	pod, ok := obj.(*corev1.Pod)
-	if !ok || !NeedsRepair(pod) {
+	if !ok || !NeedsRepair(pod) && !portTaken(pod) {
 		return
 	}
 	if key, err := cache.MetaNamespaceKeyFunc(pod); err == nil {

@@ -38,6 +38,18 @@ func caughtRunning(pod *corev1.Pod) (caught, running bool) {
 	return failed && code == validator.ExitNoRedirect, running
 }
 
+// portTaken reports whether pod is an injected pod, not being deleted and not terminal, whose
+// check's last run failed with [validator.ExitPortInUse] and has not passed since: a container
+// of the pod holds the check's port. Repair reports it (an Event) and deletes nothing.
+func portTaken(pod *corev1.Pod) bool {
+	if pod.DeletionTimestamp != nil || !annotations.IsInjected(pod.Annotations) ||
+		pod.Status.Phase == corev1.PodFailed || pod.Status.Phase == corev1.PodSucceeded {
+		return false
+	}
+	code, _, failed := validator.LastFailure(pod)
+	return failed && code == validator.ExitPortInUse
+}
+
 // NeedsRepair reports whether pod is [Caught] and its check is not running again: in a new
 // sandbox a check that runs may pass, so the pod is not deleted before it can.
 func NeedsRepair(pod *corev1.Pod) bool {
@@ -75,11 +87,15 @@ func (c *Controller) sync(ctx context.Context, key string) (time.Duration, error
 		return 0, nil
 	}
 	pod, err := c.pods.Pods(ns).Get(name)
-	if apierrors.IsNotFound(err) || (err == nil && !NeedsRepair(pod)) {
+	switch {
+	case apierrors.IsNotFound(err):
 		return 0, nil
-	}
-	if err != nil {
+	case err != nil:
 		return 0, err
+	case portTaken(pod):
+		return 0, c.reportPortInUse(ctx, pod)
+	case !NeedsRepair(pod):
+		return 0, nil
 	}
 	c.mu.Lock()
 	if c.done[pod.UID] {

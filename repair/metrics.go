@@ -26,6 +26,9 @@ const (
 	SkipAlreadyAnnotated = "already-annotated"
 	// SkipGone: the pod was deleted or replaced before the controller acted.
 	SkipGone = "gone"
+	// SkipCheckPortInUse: a pod whose check found its port taken by a container of the pod
+	// (exit 43): a configuration error no new pod fixes; an Event (CheckPortEventReason) says so.
+	SkipCheckPortInUse = "check-port-in-use"
 
 	DeferRateLimited  = "rate-limited"
 	DeferNodeNotReady = "node-not-ready"
@@ -68,7 +71,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		PodsSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_skipped_total",
-			Help: "Failed pods not deleted, by reason: no-controller, owner-not-recreating (annotated instead), job (failed by the kubelet, replaced by its Job), already-annotated, gone.",
+			Help: "Failed pods not deleted, by reason: no-controller, owner-not-recreating (annotated instead), job (failed by the kubelet, replaced by its Job), already-annotated, gone, check-port-in-use (the check exited 43: a container of the pod holds its port; an Event DetourCheckPortInUse, no deletion).",
 		}, []string{"reason"}),
 		PodsDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "detour_repair_pods_deferred_total",
@@ -79,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Failed API calls, by action: delete, annotate, event, read-node, save-backoff.",
 		}, []string{"action"}),
 	}
-	for _, r := range []string{SkipNoController, SkipAlreadyAnnotated, SkipGone} {
+	for _, r := range []string{SkipNoController, SkipAlreadyAnnotated, SkipGone, SkipCheckPortInUse} {
 		m.PodsSkipped.WithLabelValues(r)
 	}
 	for _, r := range []string{DeferRateLimited, DeferNodeNotReady, DeferOwnerBackoff} {

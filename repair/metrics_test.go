@@ -21,7 +21,7 @@ func TestHandler(t *testing.T) {
 	f.sync(t, "web-1")
 	rec := httptest.NewRecorder()
 	f.c.Handler(f.reg).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
-	for _, want := range []string{"detour_repair_pods_seen_total 1", "detour_repair_pods_deleted_total 1", `detour_repair_pods_skipped_total{reason="no-controller"} 0`, `detour_repair_errors_total{action="delete"} 0`,
+	for _, want := range []string{"detour_repair_pods_seen_total 1", "detour_repair_pods_deleted_total 1", `detour_repair_pods_skipped_total{reason="no-controller"} 0`, `detour_repair_pods_skipped_total{reason="check-port-in-use"} 0`, `detour_repair_errors_total{action="delete"} 0`,
 		`detour_repair_errors_total{action="save-backoff"} 0`} {
 		if !strings.Contains(rec.Body.String(), want) {
 			t.Errorf("/metrics lacks %q", want)

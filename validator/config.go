@@ -21,7 +21,9 @@ const (
 	// redirect is in place. The repair controller recreates controller-owned pods that fail so.
 	ExitNoRedirect = 42
 	// ExitPortInUse: another process already listens on the check's port, so the check cannot
-	// tell whose listener a redirected connection would reach.
+	// tell whose listener a redirected connection would reach. The message names the socket
+	// that holds the port and its owner's UID. A new sandbox would not help (the port is the
+	// pod's own doing), so the repair controller deletes nothing: it records an Event.
 	ExitPortInUse = 43
 	// ExitNoRoute: no family the pod has can reach its sentinel (no address of the family, or no
 	// route to the sentinel), so nothing could be checked: unknown, not "no redirect". The
@@ -86,6 +88,8 @@ type Config struct {
 	// FallbackPort, when not 0, is where a node's detour-cni that predates the check port sends
 	// the proxy UID's connections to a sentinel (the proxy's outbound port): a family whose
 	// connection to Port is refused is checked again listening there. 0 checks Port alone.
+	// The webhook sets it for the check at the proxy's start only, so it also tells the two
+	// apart, where the messages need to (a port in use).
 	FallbackPort uint16
 	// Sentinel and Sentinel6 are the addresses the validator connects to; they must be outside
 	// the pod (not loopback, which the redirect leaves alone).

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -27,7 +28,20 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": cli.Main})
+	testenv.MainWithChildren(m, map[string]func([]string) int{"detour": cli.Main, "listen": listenChild})
+}
+
+// listenChild is an app's server: it listens on network args[0], address args[1], says so on
+// standard output, and holds the port until it is killed.
+func listenChild(args []string) int {
+	ln, err := net.Listen(args[0], args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer ln.Close()
+	fmt.Println("listening")
+	select {}
 }
 
 // The pod's identities: the validator runs as a UID of its own, never exempt.
@@ -191,8 +205,65 @@ func TestIntegrationValidatorPortHeld(t *testing.T) {
 	if res.ExitCode != validator.ExitPortInUse {
 		t.Fatalf("exit code %d, want %d; stderr: %s", res.ExitCode, validator.ExitPortInUse, res.Stderr)
 	}
-	if want := "detour: port 4140 is already in use in this pod's network namespace (listen on 127.0.0.1:4140: address already in use)"; !strings.HasPrefix(res.Stderr, want) {
+	if want := "detour: port 4140 is taken by a socket listening on 0.0.0.0:4140 owned by uid 0, not by the validator (uid 2103): the validator must listen on the proxy's outbound port itself"; !strings.HasPrefix(res.Stderr, want) {
 		t.Errorf("stderr %q does not start with %q", res.Stderr, want)
+	}
+}
+
+// appID is an app container's UID, neither the proxy's nor the validator's.
+var appID = testenv.Identity{UID: 1000, GID: 1000}
+
+// The check at the proxy's start, run again (the proxy restarted) while an app container of the
+// pod listens on the check port without declaring it: exit 43, the proxy never starts, and the
+// message names the app's socket — read from the pod namespace's /proc/net/tcp or tcp6 — and
+// its UID, and says what to do.
+func TestIntegrationValidatorCheckPortHeld(t *testing.T) {
+	proxy, r := foldedProxy(t, "echo proxy up; exit 7")
+	for _, tc := range []struct {
+		network, addr string
+	}{
+		{"tcp4", "0.0.0.0:4142"},
+		{"tcp", "[::]:4142"}, // a dual-stack socket, in tcp6 only
+		{"tcp4", "127.0.0.1:4142"},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			ns := podNamespace(t, true)
+			applyRedirect(t, ns, r)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			app := testenv.ChildCommand(ctx, appID, "listen", tc.network, tc.addr)
+			out, err := app.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := ns.Do(app.Start); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { app.Process.Kill(); app.Wait() }()
+			if line, err := bufio.NewReader(out).ReadString('\n'); line != "listening\n" {
+				t.Fatalf("the app did not listen: %q, %v", line, err)
+			}
+
+			check := runFolded(ctx, ns, proxy)
+			var stdout, stderr strings.Builder
+			check.Stdout, check.Stderr = &stdout, &stderr
+			if err := ns.Do(check.Start); err != nil {
+				t.Fatal(err)
+			}
+			check.Wait()
+			if code := check.ProcessState.ExitCode(); code != validator.ExitPortInUse || strings.Contains(stdout.String(), "proxy up") {
+				t.Fatalf("exit code %d (want %d), or the proxy started; stdout %q, stderr %q", code, validator.ExitPortInUse, stdout.String(), stderr.String())
+			}
+			for _, want := range []string{
+				"detour: port 4142 is taken by a socket listening on " + tc.addr + " owned by uid 1000, not by the proxy (uid 2102): ",
+				"a container of this pod listens on the port where the redirect check at the proxy's start listens (validator.checkPort)",
+				"move that container's port, or have the cluster admin set the webhook's validator.checkPort",
+			} {
+				if !strings.Contains(stderr.String(), want) {
+					t.Errorf("stderr\n%s\nlacks\n%s", stderr.String(), want)
+				}
+			}
+		})
 	}
 }
 

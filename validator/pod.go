@@ -38,25 +38,58 @@ const StartedMarker = "detour validate: starting "
 // runs — and the pod's next container started since the proxy's run began proves it instead
 // ([proxyPassed]).
 func LastFailure(pod *corev1.Pod) (code int32, running, failed bool) {
+	t, running := lastFailure(pod)
+	if t == nil {
+		return 0, running, false
+	}
+	return t.ExitCode, running, true
+}
+
+// lastFailure is [LastFailure]'s termination (nil when the last run did not fail), and whether
+// the check runs again now.
+func lastFailure(pod *corev1.Pod) (*corev1.ContainerStateTerminated, bool) {
 	name := CheckContainer(pod)
 	for i, s := range pod.Status.InitContainerStatuses {
 		if s.Name != name {
 			continue
 		}
 		if name == annotations.ProxyContainer && proxyPassed(pod, i) {
-			return 0, s.State.Running != nil, false
+			return nil, s.State.Running != nil
 		}
 		t := s.State.Terminated
 		if t == nil {
 			t = s.LastTerminationState.Terminated
 		}
 		if !CheckFailed(name, t) {
-			return 0, s.State.Running != nil, false
+			return nil, s.State.Running != nil
 		}
-		return t.ExitCode, s.State.Running != nil, true
+		return t, s.State.Running != nil
 	}
-	return 0, false, false
+	return nil, false
 }
+
+// FailureMessage returns the message of the check's last failed run in pod ([LastFailure]) as
+// `detour validate` printed it, without its "detour: " prefix: the last such line of the
+// container's termination message (the log's end, as FallbackToLogsOnError makes it). It is ""
+// when the run did not fail or its message does not hold the line (cut off, or another
+// terminationMessagePolicy with nothing written to the termination log).
+func FailureMessage(pod *corev1.Pod) string {
+	t, _ := lastFailure(pod)
+	if t == nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimRight(t.Message, "\n"), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if msg, ok := strings.CutPrefix(strings.TrimSpace(lines[i]), failurePrefix); ok {
+			return msg
+		}
+	}
+	return ""
+}
+
+// failurePrefix begins the line `detour` prints to standard error when a command fails (the
+// check's one-line message).
+const failurePrefix = "detour: "
 
 // CheckFailed reports whether t, a termination of container (the one [CheckContainer] names),
 // is a failed run of the check: any failure of the validator container; at the proxy's start,
@@ -65,7 +98,7 @@ func CheckFailed(container string, t *corev1.ContainerStateTerminated) bool {
 	if t == nil || t.ExitCode == 0 {
 		return false
 	}
-	return container != annotations.ProxyContainer || !strings.Contains(t.Message, StartedMarker) && strings.Contains(t.Message, "detour: ")
+	return container != annotations.ProxyContainer || !strings.Contains(t.Message, StartedMarker) && strings.Contains(t.Message, failurePrefix)
 }
 
 // ProxyPassed reports whether the check at the start of pod's proxy passed in the proxy's

@@ -123,3 +123,33 @@ func TestLastFailureWithTheHookGate(t *testing.T) {
 		t.Errorf("the app runs since the proxy's run began, but LastFailure says its check failed")
 	}
 }
+
+// FailureMessage is the check's own line in its container's termination message (the log's end)
+// — at the proxy's start after whatever the gate printed before it — without "detour: ".
+func TestFailureMessage(t *testing.T) {
+	const portTaken = "port 4142 is taken by a socket listening on 0.0.0.0:4142 owned by uid 1000, not by the proxy (uid 2102): …"
+	for _, tc := range []struct {
+		name        string
+		annotations map[string]string
+		status      corev1.ContainerStatus
+		want        string
+	}{
+		{"the proxy's check: exit 43", imageVolume, corev1.ContainerStatus{Name: annotations.ProxyContainer, State: crashLoop, Started: &notStarted,
+			LastTerminationState: exited(43, "detour validate: the start gate's socket: …; a start gate hook only waits for the proxy\ndetour: "+portTaken+"\n")}, portTaken},
+		{"the validator container", nil, corev1.ContainerStatus{Name: annotations.ValidatorContainer, State: crashLoop, LastTerminationState: exited(42, noRedirectLog)},
+			"no redirect in this pod's network namespace: expected connections to 203.0.113.254:80 to be redirected to port 4140 of this pod"},
+		{"no message", nil, corev1.ContainerStatus{Name: annotations.ValidatorContainer, State: crashLoop, LastTerminationState: exited(43, "")}, ""},
+		{"passed since", nil, corev1.ContainerStatus{Name: annotations.ValidatorContainer, State: exited(0, ""), LastTerminationState: exited(43, "detour: "+portTaken)}, ""},
+		{"the proxy's own exit", imageVolume, corev1.ContainerStatus{Name: annotations.ProxyContainer, State: crashLoop,
+			LastTerminationState: exited(1, "redirect in place\n"+validator.StartedMarker+"/proxy\ndetour: fatal\n")}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{}
+			pod.Annotations = tc.annotations
+			pod.Status.InitContainerStatuses = []corev1.ContainerStatus{tc.status}
+			if got := validator.FailureMessage(pod); got != tc.want {
+				t.Errorf("FailureMessage = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}

@@ -28,6 +28,7 @@ type Validator struct {
 	hasIPv4  func() (bool, error)
 	hasIPv6  func() (bool, error)
 	routable func(network string, to netip.AddrPort) error
+	sockets  func() ([]socket, error) // the namespace's TCP sockets, read when the port is taken
 }
 
 // Option configures a Validator.
@@ -53,7 +54,7 @@ func WithRouteCheck(f func(network string, to netip.AddrPort) error) Option {
 
 // New returns a Validator for cfg.
 func New(cfg Config, opts ...Option) *Validator {
-	v := &Validator{cfg: cfg, dialer: &net.Dialer{}, hasIPv4: hasIPv4, hasIPv6: hasGlobalIPv6, routable: routeTo}
+	v := &Validator{cfg: cfg, dialer: &net.Dialer{}, hasIPv4: hasIPv4, hasIPv6: hasGlobalIPv6, routable: routeTo, sockets: readSockets}
 	for _, o := range opts {
 		o(v)
 	}
@@ -277,7 +278,22 @@ func (v *Validator) noRedirect(families []family, failed []string, partly bool) 
 		strings.Join(sentinels, " and "), v.cfg.Port, strings.Join(failed, ", and "), cause)}
 }
 
-// listen opens the family's listener on port.
+// portUse says which of the check's listeners port is for: the validator container's (no
+// fallback port: the check at the proxy's start always has one, the proxy's outbound port), or,
+// at the proxy's start, the check port's or the outbound port's.
+func (v *Validator) portUse(port uint16) portUse {
+	switch {
+	case v.cfg.FallbackPort == 0:
+		return inValidator
+	case port == v.cfg.FallbackPort:
+		return onOutboundPort
+	default:
+		return onCheckPort
+	}
+}
+
+// listen opens the family's listener on port. When the port is taken, its error names who
+// holds it, from the namespace's socket tables.
 func (v *Validator) listen(f family, port uint16) (net.Listener, error) {
 	addr := net.JoinHostPort(f.loopback, fmt.Sprint(port))
 	ln, err := net.Listen(f.network, addr)
@@ -285,11 +301,8 @@ func (v *Validator) listen(f family, port uint16) (net.Listener, error) {
 	case err == nil:
 		return ln, nil
 	case errors.Is(err, syscall.EADDRINUSE):
-		return nil, &Error{Code: ExitPortInUse, Msg: fmt.Sprintf(
-			"port %d is already in use in this pod's network namespace (listen on %s: address already in use): the validator must listen there itself to prove the redirect, "+
-				"so nothing else in the pod may use it while the check runs — for the validator container, check that --port is the proxy's outbound port and that no container holding it starts first; "+
-				"at the proxy's start, the port is the webhook's validator.checkPort: no container of the pod may listen on it",
-			port, addr)}
+		socks, lookupErr := v.sockets()
+		return nil, portInUse(v.portUse(port), netip.AddrPortFrom(netip.MustParseAddr(f.loopback), port), socks, lookupErr, uint32(os.Getuid()))
 	default:
 		return nil, &Error{Code: ExitFailure, Msg: fmt.Sprintf("cannot listen on %s to receive the redirected %s connection: %v", addr, f.name, err)}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -243,19 +244,43 @@ func TestRunOneFamilyMissing(t *testing.T) {
 	}
 }
 
+// A port held when the check listens: exit 43, and the message names the socket that holds it
+// (here the test's own listener, read from this namespace's /proc/net/tcp) and says what to do
+// where the check runs — the validator container, or the proxy's start, whose check port is
+// validator.checkPort.
 func TestRunPortInUse(t *testing.T) {
-	port := freePort(t)
-	held, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(int(port)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Close()
-	_, err = newValidator(config(t, port, validator.IPv6Never), validator.WithDialer(redirectDialer{port})).Run(context.Background())
-	if validator.Code(err) != validator.ExitPortInUse {
-		t.Fatalf("Run = %v, want exit %d", err, validator.ExitPortInUse)
-	}
-	if want := "port " + strconv.Itoa(int(port)) + " is already in use in this pod's network namespace"; !strings.HasPrefix(err.Error(), want) {
-		t.Errorf("message %q does not start with %q", err, want)
+	for _, tc := range []struct {
+		name  string
+		cfg   func(t *testing.T, port uint16) validator.Config
+		who   string
+		where string
+	}{
+		{"the validator container", func(t *testing.T, port uint16) validator.Config { return config(t, port, validator.IPv6Never) },
+			"the validator", "the validator must listen on the proxy's outbound port itself"},
+		{"the proxy's start", func(t *testing.T, port uint16) validator.Config { return configWithFallback(t, port, freePort(t)) },
+			"the proxy", "a container of this pod listens on the port where the redirect check at the proxy's start listens (validator.checkPort)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			port := freePort(t)
+			held, err := net.Listen("tcp4", "127.0.0.1:"+strconv.Itoa(int(port)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer held.Close()
+			_, err = newValidator(tc.cfg(t, port), validator.WithDialer(redirectDialer{port})).Run(context.Background())
+			if validator.Code(err) != validator.ExitPortInUse {
+				t.Fatalf("Run = %v, want exit %d", err, validator.ExitPortInUse)
+			}
+			p, uid := strconv.Itoa(int(port)), strconv.Itoa(os.Getuid())
+			for _, want := range []string{
+				"port " + p + " is taken by a socket listening on 127.0.0.1:" + p + " owned by uid " + uid + ", the UID " + tc.who + " runs as (uid " + uid + ")",
+				tc.where,
+			} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("message\n%s\nlacks\n%s", err, want)
+				}
+			}
+		})
 	}
 }
 

@@ -635,6 +635,17 @@ func TestCheckCluster(t *testing.T) {
 			status Status
 			msg    string
 		}{"validator": {Error, "the validator of 1 injected pod failed: shop/web-1 on node-a (exit 42, no redirect)"}}},
+		// At the proxy's start, exit 43 is the check port taken by a container of the pod (after a
+		// proxy restart), not the proxy's port.
+		{name: "the proxy's check port taken", change: func(f *fixture) {
+			p := f.objects[2].(*corev1.Pod)
+			p.Annotations[annotations.Validator] = "image-volume"
+			p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: annotations.ProxyContainer, LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: validator.ExitPortInUse, Message: "detour: port 4142 is taken by a socket listening on 0.0.0.0:4142 owned by uid 1000, not by the proxy (uid 2102): …"}}}}
+		}, want: map[string]struct {
+			status Status
+			msg    string
+		}{"validator": {Error, "the validator of 1 injected pod failed: shop/web-1 on node-a (exit 43, check port in use)"}}},
 		// Issue 32.4: a proxy that started has passed its check, although its last termination
 		// is a failed check (before a reboot; the new sandbox had the redirect).
 		{name: "the proxy's check failed once, then passed", change: func(f *fixture) {
@@ -795,4 +806,58 @@ func ciliumConfig(data map[string]string) *corev1.ConfigMap {
 		d[k] = v
 	}
 	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: CiliumConfigMap, Namespace: "kube-system"}, Data: d}
+}
+
+// The fix for exit 43 says where the check runs: at the proxy's start, a container of the pod
+// holds the check port and the proxy crash-loops until the pod is recreated — with the check's
+// own message, which names the socket and its owner, when the termination message has it; in
+// the validator container, the generic pointer to its log.
+func TestValidatorsPortInUseFix(t *testing.T) {
+	const said = "port 4142 is taken by a socket listening on 0.0.0.0:4142 owned by uid 1000, not by the proxy (uid 2102): …"
+	atStart := func(name, message string) corev1.Pod {
+		p := injectedPod("shop", name, 0)
+		p.Annotations[annotations.Validator] = "image-volume"
+		p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: annotations.ProxyContainer,
+			State:                corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}},
+			LastTerminationState: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{ExitCode: validator.ExitPortInUse, Message: message}}}}
+		return *p
+	}
+	for _, tc := range []struct {
+		name    string
+		pods    []corev1.Pod
+		message string
+		fix     []string
+		not     []string
+	}{
+		{"at the proxy's start", []corev1.Pod{atStart("web-1", "detour validate: …\ndetour: "+said+"\n")},
+			"shop/web-1 on node-a (exit 43, check port in use)",
+			[]string{"exit 43 at the proxy's start (shop/web-1): a container of the pod listens on the check port (the pod's detour.dev/validator-check-port, the webhook's validator.checkPort)",
+				"the proxy crash-loops until the pod is recreated: move its port or set validator.checkPort",
+				"Event DetourCheckPortInUse",
+				`the check says shop/web-1: "` + said + `"`},
+			[]string{"other codes"}},
+		{"without the check's message", []corev1.Pod{atStart("web-2", "detour: \n")},
+			"shop/web-2 on node-a (exit 43, check port in use)",
+			[]string{"exit 43 at the proxy's start (shop/web-2)"}, []string{"the check says"}},
+		{"in the validator container", []corev1.Pod{*injectedPod("shop", "web-3", validator.ExitPortInUse)},
+			"shop/web-3 on node-a (exit 43, proxy port in use)",
+			[]string{"other codes: kubectl -n NS logs POD -c detour-validator"}, []string{"at the proxy's start"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			res := (&Checker{}).checkValidators(&state{injected: tc.pods})
+			if res.Status != Error || !strings.Contains(res.Message, tc.message) {
+				t.Errorf("%s %q, want an error naming %q", res.Status, res.Message, tc.message)
+			}
+			for _, w := range tc.fix {
+				if !strings.Contains(res.Fix, w) {
+					t.Errorf("fix\n%s\nlacks\n%s", res.Fix, w)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(res.Fix, w) {
+					t.Errorf("fix\n%s\nhas\n%s", res.Fix, w)
+				}
+			}
+		})
+	}
 }

@@ -93,10 +93,26 @@ func validatorExit(p *corev1.Pod) (int32, bool) {
 
 var exitMeanings = map[int32]string{
 	validator.ExitNoRedirect: "no redirect",
-	validator.ExitPortInUse:  "proxy port in use",
+	validator.ExitPortInUse:  "proxy port in use", // the validator container's port: the proxy's outbound port
 	validator.ExitUsage:      "bad arguments",
 	validator.ExitFailure:    "failure",
+	validator.ExitNoRoute:    "nothing to check with",
 }
+
+// exitMeaning is what code means for p's check: exit 43 at the proxy's start is the check port,
+// not the proxy's.
+func exitMeaning(p *corev1.Pod, code int32) string {
+	if code == validator.ExitPortInUse && validator.CheckContainer(p) == annotations.ProxyContainer {
+		return "check port in use"
+	}
+	if m := exitMeanings[code]; m != "" {
+		return m
+	}
+	return "unknown code"
+}
+
+// maxQuoted bounds how many pods' own messages a fix quotes.
+const maxQuoted = 3
 
 func (c *Checker) checkValidators(s *state) Result {
 	const name = "validator"
@@ -105,23 +121,29 @@ func (c *Checker) checkValidators(s *state) Result {
 	}
 	var failed []string
 	noRedirect, bare := 0, 0
+	// checkPort are the pods whose check at the proxy's start found its port taken (exit 43);
+	// said are their checks' own messages, which name the socket and its owner.
+	var checkPort, said []string
 	for i := range s.injected {
 		p := &s.injected[i]
 		code, bad := validatorExit(p)
 		if !bad {
 			continue
 		}
-		meaning := exitMeanings[code]
-		if meaning == "" {
-			meaning = "unknown code"
-		}
+		meaning := exitMeaning(p, code)
 		where := ""
 		if p.Spec.NodeName != "" {
 			where = " on " + p.Spec.NodeName
 		}
 		failed = append(failed, fmt.Sprintf("%s/%s%s (exit %d, %s)", p.Namespace, p.Name, where, code, meaning))
-		if code == validator.ExitNoRedirect {
+		switch {
+		case code == validator.ExitNoRedirect:
 			noRedirect++
+		case code == validator.ExitPortInUse && validator.CheckContainer(p) == annotations.ProxyContainer:
+			checkPort = append(checkPort, p.Namespace+"/"+p.Name)
+			if msg := validator.FailureMessage(p); msg != "" && len(said) < maxQuoted {
+				said = append(said, fmt.Sprintf("%s/%s: %q", p.Namespace, p.Name, msg))
+			}
 		}
 		if _, ok := p.Annotations[repair.RecreateAnnotation]; ok {
 			bare++
@@ -134,7 +156,16 @@ func (c *Checker) checkValidators(s *state) Result {
 	if noRedirect > 0 {
 		fix = append(fix, fmt.Sprintf("exit %d: the pod's network namespace has no redirect because it started before detour's CNI config was on its node; the repair controller deletes controller-owned pods once the node carries %s=true, and annotates bare pods (%s) for you to delete and recreate", validator.ExitNoRedirect, ReadyLabel, repair.RecreateAnnotation))
 	}
-	if noRedirect < len(failed) {
+	if len(checkPort) > 0 {
+		f := fmt.Sprintf("exit %d at the proxy's start (%s): a container of the pod listens on the check port (the pod's %s, the webhook's validator.checkPort), where the check listens when the proxy restarts; "+
+			"the proxy crash-loops until the pod is recreated: move its port or set validator.checkPort to a port no container uses, then recreate the pod (kubectl rollout restart); the repair controller does not recreate it (Event %s)",
+			validator.ExitPortInUse, list(checkPort), annotations.ValidatorCheckPort, repair.CheckPortEventReason)
+		if len(said) > 0 {
+			f += " — the check says " + strings.Join(said, "; ")
+		}
+		fix = append(fix, f)
+	}
+	if noRedirect+len(checkPort) < len(failed) {
 		fix = append(fix, fmt.Sprintf("other codes: kubectl -n NS logs POD -c %s (or -c %s where the check runs in the proxy's start) says what failed (docs/validator.md)", annotations.ValidatorContainer, annotations.ProxyContainer))
 	}
 	if bare > 0 {

@@ -87,6 +87,12 @@ var WebhookKeys = []string{
 // redirect, telling people to recreate it.
 const RecreateRequired = Prefix + "recreate-required"
 
+// InboundFallback is set by the node agent on a pod whose sandbox got every inbound connection
+// redirected although its [RedirectInbound] is "listening": the kernel refused the socket
+// lookup when detour-cni set the sandbox up. Its value says so, with the kernel's words. It
+// belongs to that sandbox: the webhook strips it from a new pod.
+const InboundFallback = Prefix + "inbound-fallback"
+
 // userKeys are the keys users write, in the order of docs/annotations.md.
 var userKeys = []string{Inject, InitEgress, SkipOutboundPorts, SkipInboundPorts, SkipOutboundCIDRs, SidecarMode, ValidatorMode, InboundCapture, ProxyStartGate}
 

@@ -40,7 +40,7 @@ func Unknown(m map[string]string) string {
 }
 
 func known(k string) bool {
-	return k == RecreateRequired || slices.Contains(userKeys, k) || slices.Contains(WebhookKeys, k)
+	return k == RecreateRequired || k == InboundFallback || slices.Contains(userKeys, k) || slices.Contains(WebhookKeys, k)
 }
 
 // suggest returns the user key closest to k (at most 3 edits between the names after the

@@ -271,21 +271,22 @@ func (p *Plugin) add(c *call) error {
 	}
 	rulesets, err := p.rulesFor(c)
 	if err == nil && len(rulesets) > 0 {
-		exec := p.NewExecutor(c.conf)
-		err = exec.Apply(context.Background(), c.args.Netns, rulesets...)
-		if fallback, ok := iptables.InboundFallback(rulesets); err != nil && ok {
-			// A kernel without the socket lookup (xt_socket, nft_socket) refuses the inbound
-			// rule that needs it: redirect every inbound connection, as before that rule.
-			if exec.Apply(context.Background(), c.args.Netns, fallback...) == nil {
-				c.inboundFallback = true
-				c.warning = fmt.Sprintf("the kernel refused the socket lookup of detour.dev/redirect-inbound: listening (%v), so every inbound connection of this pod goes to the proxy, as with detour.dev/inbound-capture: all; load the xt_socket or nft_socket module (docs/troubleshooting.md)", err)
-				err = nil
-			}
-		}
-		if err != nil {
+		// A kernel without the socket lookup (xt_socket, nft_socket) refuses the inbound rule
+		// that needs it: every inbound connection is redirected instead, as before that rule,
+		// and the pod is recorded for the node agent to report (an Event, a metric).
+		var refused error
+		refused, err = p.NewExecutor(c.conf).ApplyWithInboundFallback(context.Background(), c.args.Netns, rulesets...)
+		switch {
+		case err != nil:
 			err = redirectError(c.pod, err)
-		} else {
+		case refused != nil:
 			c.decision = "redirected"
+			c.inboundFallback = true
+			c.warning = fallbackWarning(refused)
+			p.recordFallback(c, refused)
+		default:
+			c.decision = "redirected"
+			p.forgetFallback(c)
 		}
 	}
 	if err != nil {
@@ -395,6 +396,7 @@ func hasIPv6(r types.Result) bool {
 func (p *Plugin) Del(args *skel.CmdArgs) error { return p.run("DEL", args, p.del) }
 
 func (p *Plugin) del(c *call) error {
+	p.forgetFallback(c)
 	if c.args.Netns == "" {
 		c.decision = "nothing to do: no network namespace"
 		return nil
@@ -431,18 +433,17 @@ func (p *Plugin) check(c *call) error {
 	if err != nil || len(rulesets) == 0 {
 		return err
 	}
-	exec := p.NewExecutor(c.conf)
-	if err := exec.Check(context.Background(), c.args.Netns, rulesets...); err != nil {
-		// ADD falls back to redirecting every inbound connection where the kernel has no socket
-		// lookup: those rules are the ones it installed.
-		fallback, ok := iptables.InboundFallback(rulesets)
-		if !ok || exec.Check(context.Background(), c.args.Netns, fallback...) != nil || exec.InboundLookupUsable(context.Background()) == nil {
-			return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
-		}
-		c.decision = "rules match (every inbound connection: the kernel has no socket lookup)"
-		return nil
+	// ADD falls back to redirecting every inbound connection where the kernel refused the
+	// socket lookup: those rules, marked as the fallback, are the ones it installed.
+	fellBack, err := p.NewExecutor(c.conf).CheckWithInboundFallback(context.Background(), c.args.Netns, rulesets...)
+	switch {
+	case err != nil:
+		return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
+	case fellBack:
+		c.decision = "rules match (the inbound fallback ADD installed: every inbound connection)"
+	default:
+		c.decision = "rules match"
 	}
-	c.decision = "rules match"
 	return nil
 }
 

@@ -442,11 +442,13 @@ func strip(pod *corev1.Pod) stripped {
 	return removed
 }
 
-// stripAnnotations removes every webhook-written annotation.
+// stripAnnotations removes every webhook-written annotation, and the node agent's note of a
+// sandbox's inbound fallback, which a new pod copied from an old one's YAML must not carry.
 func stripAnnotations(pod *corev1.Pod) {
 	for _, k := range annotations.WebhookKeys {
 		delete(pod.Annotations, k)
 	}
+	delete(pod.Annotations, annotations.InboundFallback)
 }
 
 // userSettings resolves the user-written keys: the pod's value wins over the namespace's.

@@ -55,6 +55,12 @@ type Config struct {
 	// wildcard listener, or one on that address), so that a client or a kubelet probe meets
 	// what the app does; false redirects every inbound connection, as detour did before it.
 	InboundListening bool
+	// InboundFallback is a pod that asked for InboundListening on a kernel that refused the
+	// socket lookup when ADD ran (no xt_socket, nft_socket): every inbound connection goes to
+	// the proxy, under a comment of its own (detour/redirect-inbound-fallback), so that CNI
+	// CHECK and `detour check` read from the rules themselves that ADD fell back, whatever the
+	// kernel can do by the time they run ([InboundFallback]).
+	InboundFallback bool
 	// CheckPort is where the proxy UID's connections to the sentinels are redirected: the check
 	// at the proxy's start listens there. 0 (a pod injected before detour wrote
 	// detour.dev/validator-check-port) sends them to OutboundPort, as detour did then.
@@ -109,6 +115,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("build rules: proxy ports must be 1-65535, got inbound %d and outbound %d", c.InboundPort, c.OutboundPort)
 	case c.CheckPort != 0 && (c.CheckPort == c.OutboundPort || c.CheckPort == c.InboundPort):
 		return fmt.Errorf("build rules: the check port %d must differ from the proxy's ports (a proxy forwarding a connection to a sentinel would reach itself again)", c.CheckPort)
+	case c.InboundListening && c.InboundFallback:
+		return errors.New("build rules: the inbound rule is either the socket lookup's or its fallback, not both")
 	}
 	return nil
 }
@@ -131,9 +139,12 @@ func Build(c Config) (Ruleset, error) {
 	for _, ports := range multiport(c.SkipInboundPorts) {
 		add(InboundChain, "-p tcp -m multiport --dports "+ports+comment("skip-inbound-ports")+" -j RETURN")
 	}
-	if c.InboundListening {
+	switch {
+	case c.InboundListening:
 		add(InboundChain, "-p tcp -m socket --nowildcard"+comment("redirect-inbound-listening")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
-	} else {
+	case c.InboundFallback:
+		add(InboundChain, "-p tcp"+comment(inboundFallbackComment)+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
+	default:
 		add(InboundChain, "-p tcp"+comment("redirect-inbound")+" -j REDIRECT --to-ports "+strconv.Itoa(int(c.InboundPort)))
 	}
 

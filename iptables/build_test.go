@@ -53,6 +53,14 @@ func listeningConfig(f Family) Config {
 	return c
 }
 
+// fallbackConfig is listeningConfig as ADD installs it where the kernel refuses the socket
+// lookup: every inbound connection redirected, under the fallback's own comment.
+func fallbackConfig(f Family) Config {
+	c := fullConfig(f)
+	c.InboundFallback = true
+	return c
+}
+
 // beforeCheckPort is c as the annotations of a pod injected before detour wrote
 // detour.dev/validator-check-port give it.
 func beforeCheckPort(c Config) Config {
@@ -72,6 +80,7 @@ func TestBuildGolden(t *testing.T) {
 		// for byte (the golden file is that release's full-ipv4.golden).
 		{"full-ipv4-no-check-port", beforeCheckPort(fullConfig(IPv4))},
 		{"inbound-listening-ipv4", listeningConfig(IPv4)},
+		{"inbound-fallback-ipv4", fallbackConfig(IPv4)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs, err := Build(tc.cfg)
@@ -90,6 +99,7 @@ func TestBuildRejects(t *testing.T) {
 		{ProxyUID: 1, InboundPort: 1, OutboundPort: 0},
 		{ProxyUID: 1, InboundPort: 1, OutboundPort: 2, CheckPort: 2},
 		{ProxyUID: 1, InboundPort: 1, OutboundPort: 2, CheckPort: 1},
+		{ProxyUID: 1, InboundPort: 1, OutboundPort: 2, InboundListening: true, InboundFallback: true},
 	} {
 		if _, err := Build(c); err == nil {
 			t.Errorf("Build(%+v) succeeded; want an error", c)
@@ -229,6 +239,7 @@ func TestBuildNFTGolden(t *testing.T) {
 		{"nftables-full-dual", []Config{fullConfig(IPv4), fullConfig(IPv6)}},
 		{"nftables-full-dual-no-check-port", []Config{beforeCheckPort(fullConfig(IPv4)), beforeCheckPort(fullConfig(IPv6))}},
 		{"nftables-inbound-listening", []Config{listeningConfig(IPv4), listeningConfig(IPv6)}},
+		{"nftables-inbound-fallback", []Config{fallbackConfig(IPv4), fallbackConfig(IPv6)}},
 		{"nftables-skip-all", []Config{{
 			Family: IPv4, ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140,
 			SkipOutboundPorts: ports("80"),

@@ -110,13 +110,16 @@ func nftFamilyChains(c Config) (in, out NFTChain) {
 	for _, r := range c.SkipInboundPorts {
 		add(&in, "skip-inbound-ports", l4tcp(), dport(r.First, r.Last), verdict(expr.VerdictReturn))
 	}
-	if c.InboundListening {
+	switch {
+	case c.InboundListening:
 		// The socket lookup finds the listener the packet would reach, if any; its wildcard
 		// key is 1 for one on the wildcard address and 0 for one on the packet's own: each
 		// rule matches one kind, together every listener (none found: no match).
 		add(&in, "redirect-inbound-listening", l4tcp(), socketWildcard(1), redirect(c.InboundPort))
 		add(&in, "redirect-inbound-listening", l4tcp(), socketWildcard(0), redirect(c.InboundPort))
-	} else {
+	case c.InboundFallback:
+		add(&in, inboundFallbackComment, l4tcp(), redirect(c.InboundPort))
+	default:
 		add(&in, "redirect-inbound", l4tcp(), redirect(c.InboundPort))
 	}
 

@@ -1,7 +1,6 @@
 package iptables
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -114,7 +113,7 @@ func nftDeleteTable() error {
 }
 
 // errNoNFTTable is nftRead's answer in a namespace without detour's table.
-var errNoNFTTable = errors.New("table inet " + NFTTable + " is missing")
+var errNoNFTTable error = &DiffError{Missing: true, msg: "table inet " + NFTTable + " is missing"}
 
 // nftRead reads detour's table back from the kernel, chains in the order the kernel lists them.
 func nftRead() (NFTRuleset, error) {
@@ -174,7 +173,7 @@ func nftDiff(want, have NFTRuleset) error {
 	for _, w := range want.Chains {
 		i := slices.IndexFunc(have.Chains, func(c NFTChain) bool { return c.Name == w.Name })
 		if i < 0 {
-			return fmt.Errorf("%s: chain %s is missing", where, w.Name)
+			return missing("%s: chain %s is missing", where, w.Name)
 		}
 		h := have.Chains[i]
 		if w.Hook != nil {
@@ -183,7 +182,7 @@ func nftDiff(want, have NFTRuleset) error {
 				if h.Hook != nil {
 					got = baseChainText(h.Type, h.Hook, h.Priority)
 				}
-				return fmt.Errorf("%s: chain %s is %q, expected %q", where, w.Name, got, baseChainText(w.Type, w.Hook, w.Priority))
+				return missing("%s: chain %s is %q, expected %q", where, w.Name, got, baseChainText(w.Type, w.Hook, w.Priority))
 			}
 			if err := nftDiffBase(where, w, h); err != nil {
 				return err
@@ -191,10 +190,10 @@ func nftDiff(want, have NFTRuleset) error {
 			continue
 		}
 		if h.Hook != nil {
-			return fmt.Errorf("%s: chain %s is a base chain (%s), expected a regular one", where, w.Name, baseChainText(h.Type, h.Hook, h.Priority))
+			return missing("%s: chain %s is a base chain (%s), expected a regular one", where, w.Name, baseChainText(h.Type, h.Hook, h.Priority))
 		}
-		if msg := compareChain(w.Name, nftChainRules(w.Rules), nftChainRules(h.Rules)); msg != "" {
-			return fmt.Errorf("%s: %s", where, msg)
+		if err := chainDiff(where+": ", w.Name, nftChainRules(w.Rules), nftChainRules(h.Rules)); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -225,9 +224,9 @@ func nftDiffBase(where string, w, h NFTChain) error {
 	for _, r := range ruleTexts(w.Rules) {
 		switch n := count(haveRules, r); {
 		case n == 0:
-			return fmt.Errorf("%s: chain %s lacks the jump %q", where, w.Name, r)
+			return missing("%s: chain %s lacks the jump %q", where, w.Name, r)
 		case n > 1:
-			return fmt.Errorf("%s: chain %s has the jump %q %d times, expected once", where, w.Name, r, n)
+			return differs("%s: chain %s has the jump %q %d times, expected once", where, w.Name, r, n)
 		}
 	}
 	// The base chain may hold the jump of either family (the other family's is checked by
@@ -235,7 +234,7 @@ func nftDiffBase(where string, w, h NFTChain) error {
 	jumps := []string{nftJump(IPv4, w.Name).String(), nftJump(IPv6, w.Name).String()}
 	for i, r := range haveRules {
 		if !slices.Contains(jumps, r) {
-			return fmt.Errorf("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, r)
+			return differs("%s: chain %s has an unexpected rule %d, %q", where, w.Name, i+1, r)
 		}
 	}
 	return nil

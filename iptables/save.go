@@ -123,6 +123,66 @@ func installedRemoveInput() string {
 	return removeInput(t)
 }
 
+// DiffError is how the live rules differ from the wanted ones: [Executor.Check]'s error when
+// it could read them, the first difference in words.
+type DiffError struct {
+	// Missing is true when a part the redirect cannot work without is absent: detour's
+	// nf_tables table, one of its chains, a jump into them, or a chain's redirect to a proxy
+	// port. False means the rules differ in ways a release that installs other rules may
+	// explain: a rule more or less, another form, another order.
+	Missing bool
+	msg     string
+}
+
+func (e *DiffError) Error() string { return e.msg }
+
+// missing and differs make DiffErrors.
+func missing(format string, args ...any) error {
+	return &DiffError{Missing: true, msg: fmt.Sprintf(format, args...)}
+}
+
+func differs(format string, args ...any) error {
+	return &DiffError{msg: fmt.Sprintf(format, args...)}
+}
+
+// chainDiff is compareChain's difference between a chain's wanted and live rules as a
+// DiffError, prefix before its words: Missing when a redirect the chain should make is made by
+// none of its live rules — none with the same verdict and the same detour/... comment, which
+// says what the rule is for (the main outbound redirect and the validator's sentinel both go to
+// the outbound port).
+func chainDiff(prefix, chain string, want, have []chainRule) error {
+	msg := compareChain(chain, want, have)
+	if msg == "" {
+		return nil
+	}
+	for _, w := range want {
+		same := func(h chainRule) bool { return h.verdict == w.verdict && ruleComment(h.text) == ruleComment(w.text) }
+		if isRedirect(w.verdict) && !slices.ContainsFunc(have, same) {
+			return missing("%s%s (no rule of chain %s makes the %s redirect)", prefix, msg, chain, ruleComment(w.text))
+		}
+	}
+	return differs("%s%s", prefix, msg)
+}
+
+// ruleComment is the detour/... comment in a rule's text, "" when it has none.
+func ruleComment(text string) string {
+	i := strings.Index(text, `"detour/`)
+	if i < 0 {
+		return ""
+	}
+	rest := text[i+1:]
+	if j := strings.IndexByte(rest, '"'); j >= 0 {
+		return rest[:j]
+	}
+	return rest
+}
+
+// isRedirect reports whether a rule's verdict sends the packet to a port of the pod: iptables'
+// "-j REDIRECT --to-ports N", nftables' "redirect to :N".
+func isRedirect(verdict string) bool {
+	return strings.Contains(verdict, "-j REDIRECT") || strings.Contains(verdict, "redirect to")
+}
+
 // diff compares the live table with rs and describes the first difference in words, or returns
 // nil when the table holds rs's hooks (once each) and chain rules that do what rs's do (see
 // compareChain).
@@ -131,17 +191,17 @@ func diff(rs Ruleset, t table) error {
 	for _, h := range rs.Hooks {
 		switch n := t.count(h); {
 		case n == 0:
-			return fmt.Errorf("%s nat table: the jump %q is missing", fam, h.String())
+			return missing("%s nat table: the jump %q is missing", fam, h.String())
 		case n > 1:
-			return fmt.Errorf("%s nat table: the jump %q is there %d times, expected once", fam, h.String(), n)
+			return differs("%s nat table: the jump %q is there %d times, expected once", fam, h.String(), n)
 		}
 	}
 	for _, chain := range Chains() {
 		if !t.chains[chain] {
-			return fmt.Errorf("%s nat table: chain %s is missing", fam, chain)
+			return missing("%s nat table: chain %s is missing", fam, chain)
 		}
-		if msg := compareChain(chain, chainRules(rulesOf(rs.Rules, chain)), chainRules(rulesOf(t.rules, chain))); msg != "" {
-			return fmt.Errorf("%s nat table: %s", fam, msg)
+		if err := chainDiff(fam+" nat table: ", chain, chainRules(rulesOf(rs.Rules, chain)), chainRules(rulesOf(t.rules, chain))); err != nil {
+			return err
 		}
 	}
 	return nil

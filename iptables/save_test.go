@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -94,32 +95,38 @@ func TestDiff(t *testing.T) {
 		name  string
 		saved string
 		want  string
+		// missing: a part the redirect cannot work without (a DiffError's Missing).
+		missing bool
 	}{
 		{"deleted rule", strings.Replace(saved, exempt+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 5, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`},
+			`chain DETOUR_OUTBOUND lacks rule 5, "-A DETOUR_OUTBOUND -m owner --uid-owner 1001`, false},
 		{"swapped rules", strings.Replace(strings.Replace(saved, exempt+"\n", "", 1), "COMMIT\n# Completed", exempt+"\nCOMMIT\n# Completed", 1),
-			"(rules out of order)"},
+			"(rules out of order)", false},
 		{"extra rule", strings.Replace(saved, "COMMIT\n# Completed", "-A DETOUR_INBOUND -j RETURN\nCOMMIT\n# Completed", 1),
-			`chain DETOUR_INBOUND has an unexpected rule 3, "-A DETOUR_INBOUND -j RETURN"`},
+			`chain DETOUR_INBOUND has an unexpected rule 3, "-A DETOUR_INBOUND -j RETURN"`, false},
 		{"missing hook", strings.Replace(saved, rs.Hooks[1].String()+"\n", "", 1),
-			`the jump "-A OUTPUT -p tcp -m comment --comment \"detour/outbound\" -j DETOUR_OUTBOUND" is missing`},
+			`the jump "-A OUTPUT -p tcp -m comment --comment \"detour/outbound\" -j DETOUR_OUTBOUND" is missing`, true},
 		{"duplicate hook", strings.Replace(saved, rs.Hooks[0].String(), rs.Hooks[0].String()+"\n"+rs.Hooks[0].String(), 1),
-			"is there 2 times, expected once"},
+			"is there 2 times, expected once", false},
 		{"missing chain", "*nat\n" + rs.Hooks[0].String() + "\n" + rs.Hooks[1].String() + "\nCOMMIT\n",
-			"chain DETOUR_INBOUND is missing"},
+			"chain DETOUR_INBOUND is missing", true},
 		{"last rule missing", strings.Replace(saved, rs.Rules[len(rs.Rules)-1].String()+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 12, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`},
+			`chain DETOUR_OUTBOUND lacks rule 12, "-A DETOUR_OUTBOUND -p tcp -m comment --comment \"detour/redirect-outbound\" -j REDIRECT --to-ports 4140"`, true},
 		{"the proxy's RETURN before its check redirect", moveBefore(saved, rs.Rules[4], rs.Rules[2]),
-			"(rules out of order)"},
+			"(rules out of order)", false},
 		{"the check redirect missing", strings.Replace(saved, rs.Rules[2].String()+"\n", "", 1),
-			`chain DETOUR_OUTBOUND lacks rule 1, "-A DETOUR_OUTBOUND -d 203.0.113.254/32 -p tcp -m owner --uid-owner 2102 -m multiport --dports 80 -m comment --comment \"detour/validator-check\" -j REDIRECT --to-ports 4142"`},
+			`chain DETOUR_OUTBOUND lacks rule 1, "-A DETOUR_OUTBOUND -d 203.0.113.254/32 -p tcp -m owner --uid-owner 2102 -m multiport --dports 80 -m comment --comment \"detour/validator-check\" -j REDIRECT --to-ports 4142"`, true},
 		{"the redirect duplicated", strings.Replace(saved, "COMMIT\n# Completed", rs.Rules[len(rs.Rules)-1].String()+"\nCOMMIT\n# Completed", 1),
-			`chain DETOUR_OUTBOUND has an unexpected rule 13`},
+			`chain DETOUR_OUTBOUND has an unexpected rule 13`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := diff(rs, parseSave(tc.saved))
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("diff = %v, want an error containing %s", err, tc.want)
+			}
+			var d *DiffError
+			if !errors.As(err, &d) || d.Missing != tc.missing {
+				t.Errorf("diff = %#v, want a DiffError with Missing %v", err, tc.missing)
 			}
 		})
 	}

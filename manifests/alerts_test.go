@@ -2,6 +2,7 @@ package manifests_test
 
 import (
 	"encoding/json"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -276,6 +277,7 @@ func exposedMetrics(t *testing.T) map[string]bool {
 	if err := nodeagent.New(nodeagent.Config{}).Register(&reg, "stats.json"); err != nil {
 		t.Fatal(err)
 	}
+	reg.MustRegister(nodeagent.NewFallbackReporter(fake.NewClientset(), t.TempDir(), "node-1", slog.New(slog.DiscardHandler)))
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}
 	descs := make(chan *prometheus.Desc)

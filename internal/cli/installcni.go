@@ -130,9 +130,15 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	log = log.With("component", "install-cni", "node", cfg.NodeName)
-	agent, err := o.newAgent(cfg, log)
+	agent, client, err := o.newAgent(cfg, log)
 	if err != nil {
 		return err
+	}
+	// The sandboxes that got the inbound fallback, from the plugin's state directory: an Event
+	// and an annotation on each pod, and a gauge.
+	var fallbacks *nodeagent.FallbackReporter
+	if o.statsFile != "" && !o.uninstall {
+		fallbacks = nodeagent.NewFallbackReporter(client, filepath.Dir(o.statsFile), cfg.NodeName, log.With("component", "inbound-fallback"))
 	}
 	if o.uninstall && !o.hold {
 		if err := agent.Uninstall(cmd.Context()); err != nil {
@@ -143,7 +149,7 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 	if !cmd.Flags().Changed("metrics-bind-address") {
 		o.metricsAddr = o.healthAddr
 	}
-	endpoints, err := o.endpoints(agent, log)
+	endpoints, err := o.endpoints(agent, fallbacks, log)
 	if err != nil {
 		return err
 	}
@@ -159,6 +165,9 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 		return nil
 	}
 	logTokenSource(log, cfg)
+	if fallbacks != nil {
+		go fallbacks.Run(cmd.Context(), cfg.Resync)
+	}
 	return agent.Run(cmd.Context())
 }
 
@@ -166,11 +175,16 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 var defaultStatsFile = filepath.Join("/host", cniplugin.DefaultStateDir, cniplugin.StatsFileName)
 
 // endpoints are the agent's HTTP endpoints: the probes and /metrics, on one address or two.
-func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, log *slog.Logger) ([]endpoint, error) {
+func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, fallbacks *nodeagent.FallbackReporter, log *slog.Logger) ([]endpoint, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := agent.Register(reg, o.statsFile); err != nil {
 		return nil, err
+	}
+	if fallbacks != nil {
+		if err := reg.Register(fallbacks); err != nil {
+			return nil, err
+		}
 	}
 	gatherers := prometheus.Gatherers{reg}
 	for _, raw := range o.mergeFrom {
@@ -195,22 +209,22 @@ func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, log *slog.Logger) 
 	return []endpoint{{o.healthAddr, agent.Handler()}, {o.metricsAddr, mux}}, nil
 }
 
-// newAgent builds the node agent with its API client; only an agent that keeps the node's
-// configuration watches its own DaemonSet.
-func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, error) {
+// newAgent builds the node agent with its API client, which it returns too; only an agent
+// that keeps the node's configuration watches its own DaemonSet.
+func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, kubernetes.Interface, error) {
 	rc, err := restConfig(o.kubeconfig, "detour")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	opts := []nodeagent.Option{nodeagent.WithNodeClient(client), nodeagent.WithLogger(log)}
 	if !o.uninstall {
 		opts = append(opts, nodeagent.WithOwnPod(o.podNS, o.podName), nodeagent.WithTokenClient(nodeagent.TokenClients(rc)))
 	}
-	return nodeagent.New(cfg, opts...), nil
+	return nodeagent.New(cfg, opts...), client, nil
 }
 
 // logTokenSource says which token the plugin uses.

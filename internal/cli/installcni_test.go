@@ -91,7 +91,7 @@ func TestOperationsFlags(t *testing.T) {
 func TestInstallCNIEndpoints(t *testing.T) {
 	o := &installCNIOptions{f: nodeagent.DefaultFlags(), healthAddr: ":0", metricsAddr: ":0"}
 	agent := nodeagent.New(nodeagent.Config{})
-	eps, err := o.endpoints(agent, slog.New(slog.DiscardHandler))
+	eps, err := o.endpoints(agent, nil, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestInstallCNIEndpoints(t *testing.T) {
 		}
 	}
 	o = &installCNIOptions{healthAddr: ":1", metricsAddr: ":2", mergeFrom: []string{"127.0.0.1:9642"}}
-	if _, err := o.endpoints(nodeagent.New(nodeagent.Config{}), slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--merge-metrics-from") {
+	if _, err := o.endpoints(nodeagent.New(nodeagent.Config{}), nil, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "--merge-metrics-from") {
 		t.Errorf("a merge address without a scheme: %v, want an error naming --merge-metrics-from", err)
 	}
 }

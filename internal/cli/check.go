@@ -20,9 +20,11 @@ import (
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
 	"github.com/detourmesh/detour/internal/manifest"
+	"github.com/detourmesh/detour/internal/nsutil"
 	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/nodeagent"
+	"github.com/detourmesh/detour/validator"
 )
 
 // newCheckCommand returns `detour check`, the node-side diagnosis.
@@ -310,6 +312,9 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 		c.fail("%s: %v", name, err)
 		return
 	}
+	if r.CheckPort != 0 {
+		c.checkPortFree(name, netns, r)
+	}
 	ctx := context.Background()
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
@@ -330,33 +335,78 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 				continue
 			}
 		}
-		if err := c.exec.Check(ctx, netns, rs); err != nil {
-			if newer := injectedByNewer(a[annotations.Injected]); newer != "" {
-				// After a rollback: the newer release's plugin may have installed rules this one
-				// does not know of, so a difference says nothing about the pod's redirect.
-				c.warn("%s: %v; the pod was injected by detour %s, newer than this one (%s), whose rules this check cannot judge: run that release's detour check, or recreate the pod (kubectl rollout restart) to give it this release's rules", name, err, newer, version.Version)
-				continue
-			}
+		fellBack, err := c.exec.CheckWithInboundFallback(ctx, netns, rs)
+		var diff *iptables.DiffError
+		switch newer := injectedByNewer(a[annotations.Injected]); {
+		case err != nil && newer != "" && errors.As(err, &diff) && !diff.Missing:
+			// After a rollback: the newer release's plugin may have installed rules this one
+			// does not know of, so a rule that differs says nothing of the pod's redirect. A
+			// missing table, chain, jump or redirect is a hole whatever the release.
+			c.warn("%s: %v; the pod was injected by detour %s, newer than this one (%s), whose rules this check cannot judge: run that release's detour check, or recreate the pod (kubectl rollout restart) to give it this release's rules", name, err, newer, version.Version)
+		case err != nil:
 			c.fail("%s: %v", name, err)
-		} else {
+		case fellBack:
+			c.warn("%s: the %s rules in %s are the fallback detour-cni installs where the kernel refuses the socket lookup of %s: listening — every inbound connection goes to the proxy, as with %s: all; load nft_socket (nftables backend) or xt_socket (iptables backends) on the node and recreate the pod", name, f, netns, annotations.RedirectInbound, annotations.InboundCapture)
+		default:
 			c.ok("%s: the %s rules in %s are exactly what detour-cni installs", name, f, netns)
 		}
 	}
 }
 
+// checkPortFree reports whether a container of the pod listens on the port of the check at the
+// proxy's start. The check passed when the pod started, before the app ran; at the proxy's next
+// start it finds the port taken, exits 43 and the proxy crash-loops for the pod's life. Only
+// the check itself, as the proxy's UID and for a moment, may listen there.
+func (c *checker) checkPortFree(name, netns string, r annotations.Redirect) {
+	var held []validator.Listener
+	err := nsutil.Do(netns, func() error {
+		var err error
+		held, err = validator.ListenersOn(r.CheckPort)
+		return err
+	})
+	if err != nil {
+		c.fail("%s: read the sockets listening in %s: %v", name, netns, err)
+		return
+	}
+	var others []string
+	for _, l := range held {
+		if l.UID != r.ProxyUID {
+			others = append(others, fmt.Sprintf("%s (uid %d)", l.Addr, l.UID))
+		}
+	}
+	if len(others) == 0 {
+		c.ok("%s: nothing of the pod listens on the check port %d (%s)", name, r.CheckPort, annotations.ValidatorCheckPort)
+		return
+	}
+	c.fail("%s: a container of the pod listens on the check port %d (%s) at %s: the check at the proxy's next start will find it taken, exit %d, and the proxy will crash-loop until the pod is recreated; move that container's port, or have the cluster admin set the webhook's validator.checkPort to a port no container uses, then recreate the pod",
+		name, r.CheckPort, annotations.ValidatorCheckPort, strings.Join(others, " and "), validator.ExitPortInUse)
+}
+
 // injectedByNewer returns the version in a pod's detour.dev/injected when it is a release
-// newer than this binary's (a pod created before a rollback), else "". A version that does
-// not parse is not newer: the check judges the pod.
+// newer than this binary's (a pod created before a rollback), else "". Only releases count: a
+// development build (v0.3.0-dev.<commit>) and the pods of its release's other builds are the
+// same release, whose rules it knows. A version that does not parse is not newer: the check
+// judges the pod.
 func injectedByNewer(injected string) string {
-	pod, err := utilversion.ParseSemantic(injected)
+	pod, err := release(injected)
 	if err != nil {
 		return ""
 	}
-	self, err := utilversion.ParseSemantic(version.Version)
+	self, err := release(version.Version)
 	if err != nil || !pod.GreaterThan(self) {
 		return ""
 	}
 	return injected
+}
+
+// release is the release of the semantic version v: its major, minor and patch, without
+// pre-release or build metadata.
+func release(v string) (*utilversion.Version, error) {
+	sv, err := utilversion.ParseSemantic(v)
+	if err != nil {
+		return nil, err
+	}
+	return utilversion.ParseSemantic(fmt.Sprintf("%d.%d.%d", sv.Major(), sv.Minor(), sv.Patch()))
 }
 
 // hasGlobalIPv6 reports whether the network namespace at path has a global IPv6 address.

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/internal/clustercheck"
+	"github.com/detourmesh/detour/internal/nsutil"
 	"github.com/detourmesh/detour/internal/version"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/testenv"
@@ -128,16 +131,41 @@ func TestIntegrationCheckPodRules(t *testing.T) {
 		t.Errorf("an IPv4-only pod's IPv6 check:\n%s", out)
 	}
 
-	// A pod injected by a newer detour (before a rollback) whose rules differ: ‼, not ✗.
+	// A pod injected by a newer detour (before a rollback): a rule this release does not know
+	// is ‼, a missing table, chain, jump or redirect is ✗ whatever the release.
 	newer := r.Annotations()
 	newer[annotations.Injected] = "v99.0.0"
 	b, _ = yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": newer}})
 	newerFile := filepath.Join(t.TempDir(), "newer.yaml")
 	os.WriteFile(newerFile, b, 0o644)
-	empty := testenv.NewNetNS(t)
-	out, _, err = run(t, "", "check", "--cni-conf-dir=", "-f", newerFile, "--netns", empty.Path)
-	if err != nil || !strings.Contains(out, "‼ Pod web: check ipv4 rules in") || !strings.Contains(out, "injected by detour v99.0.0, newer than this one") {
-		t.Errorf("check of a pod injected by a newer detour, without its rules: %v\n%s", err, out)
+	for _, tc := range []struct {
+		name    string
+		install func(c iptables.Config) iptables.Config // nil: nothing installed
+		want    string
+	}{
+		{"nothing installed", nil, "✗ Pod web: check ipv4 rules in"},
+		{"a rule more", func(c iptables.Config) iptables.Config { c.ExemptUIDs = append(c.ExemptUIDs, 1234); return c }, "‼ Pod web: check ipv4 rules in"},
+		{"the outbound redirect to another port", func(c iptables.Config) iptables.Config { c.OutboundPort = 5140; return c }, "✗ Pod web: check ipv4 rules in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			if tc.install != nil {
+				rs, err := iptables.Build(tc.install(iptables.ConfigFromRedirect(r, iptables.IPv4)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rs); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out, _, err := run(t, "", "check", "--cni-conf-dir=", "-f", newerFile, "--netns", ns.Path)
+			if !strings.Contains(out, tc.want) || (err == nil) != strings.HasPrefix(tc.want, "‼") {
+				t.Errorf("check of a pod injected by a newer detour: %v, want %q\n%s", err, tc.want, out)
+			}
+			if strings.HasPrefix(tc.want, "‼") && !strings.Contains(out, "injected by detour v99.0.0, newer than this one") {
+				t.Errorf("the warning does not name the newer release:\n%s", out)
+			}
+		})
 	}
 
 	// A pod with an IPv6 address must have IPv6 rules.
@@ -228,8 +256,86 @@ func TestInjectedByNewer(t *testing.T) {
 			t.Errorf("injectedByNewer(%q) with detour v0.2.0 = %q, want %q", in, got, want)
 		}
 	}
-	version.Version = "v0.2.0-dev.abc123"
-	if got := injectedByNewer("v0.2.0"); got != "v0.2.0" {
-		t.Errorf("a dev build of v0.2.0 judging a v0.2.0 pod: %q, want it newer", got)
+	// A development build knows its own release's rules, whatever the commit on either side.
+	for self, pods := range map[string][]string{
+		"v0.2.0-dev.abc123": {"v0.2.0", "v0.2.0-dev.def456", "v0.2.0-dev.0001", "v0.2.0-dev"},
+		"v0.2.0-dev":        {"v0.2.0", "v0.2.0-dev.abc123"},
+	} {
+		version.Version = self
+		for _, pod := range pods {
+			if got := injectedByNewer(pod); got != "" {
+				t.Errorf("detour %s judging a pod of %s: newer %q, want the same release", self, pod, got)
+			}
+		}
+		if got := injectedByNewer("v0.3.0-dev.abc"); got != "v0.3.0-dev.abc" {
+			t.Errorf("detour %s judging a pod of v0.3.0-dev.abc: %q, want it newer", self, got)
+		}
+	}
+}
+
+// A pod that asked for the socket lookup and got the fallback ADD installs where the kernel
+// refuses it: ‼ with what to do, whatever the kernel can do now — not "not as installed".
+func TestIntegrationCheckPodRulesInboundFallback(t *testing.T) {
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, InboundListening: true}
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": r.Annotations()}}
+	b, _ := yaml.Marshal(pod)
+	podFile := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(podFile, b, 0o644)
+	for _, backend := range []iptables.Backend{iptables.BackendNFTables, iptables.BackendLegacy} {
+		t.Run(string(backend), func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			rs, _ := iptables.Build(iptables.ConfigFromRedirect(r, iptables.IPv4))
+			fallback, ok := iptables.InboundFallback([]iptables.Ruleset{rs})
+			if !ok {
+				t.Fatal("no fallback for a listening pod")
+			}
+			if err := iptables.NewExecutor(iptables.WithBackend(backend)).Apply(context.Background(), ns.Path, fallback...); err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := run(t, "", "check", "--cni-conf-dir=", "--iptables-backend="+string(backend), "-f", podFile, "--netns", ns.Path)
+			if err != nil || !strings.Contains(out, "‼ Pod web: the ipv4 rules in "+ns.Path+" are the fallback detour-cni installs where the kernel refuses the socket lookup") {
+				t.Errorf("check of a pod that fell back (%s, the kernel here does the lookup): %v\n%s", backend, err, out)
+			}
+			// The same rules unmarked (a pod that asked for every connection) are not its rules.
+			all := iptables.ConfigFromRedirect(r, iptables.IPv4)
+			all.InboundListening = false
+			plain, _ := iptables.Build(all)
+			if err := iptables.NewExecutor(iptables.WithBackend(backend)).Apply(context.Background(), ns.Path, plain); err != nil {
+				t.Fatal(err)
+			}
+			if out, _, err := run(t, "", "check", "--cni-conf-dir=", "--iptables-backend="+string(backend), "-f", podFile, "--netns", ns.Path); err == nil || !strings.Contains(out, "✗ Pod web") {
+				t.Errorf("check of a listening pod with every-connection rules: %v\n%s", err, out)
+			}
+		})
+	}
+}
+
+// An app that listens on the check port without declaring it passes the check at its pod's
+// start (it was not running yet) and breaks the next one: check --netns finds it, names its
+// address and owner, and fails.
+func TestIntegrationCheckPodCheckPort(t *testing.T) {
+	ns := testenv.NewNetNS(t)
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, CheckPort: 4142}
+	b, _ := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": r.Annotations()}})
+	podFile := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(podFile, b, 0o644)
+	rs, _ := iptables.Build(iptables.ConfigFromRedirect(r, iptables.IPv4))
+	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"check", "--cni-conf-dir=", "-f", podFile, "--netns", ns.Path}
+	out, _, err := run(t, "", args...)
+	if err != nil || !strings.Contains(out, "✓ Pod web: nothing of the pod listens on the check port 4142") {
+		t.Fatalf("check with the check port free: %v\n%s", err, out)
+	}
+
+	var ln net.Listener
+	if err := nsutil.Do(ns.Path, func() (err error) { ln, err = net.Listen("tcp4", "0.0.0.0:4142"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	want := fmt.Sprintf("✗ Pod web: a container of the pod listens on the check port 4142 (detour.dev/validator-check-port) at 0.0.0.0:4142 (uid %d): the check at the proxy's next start will find it taken, exit 43", os.Getuid())
+	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, want) {
+		t.Errorf("check with an app on the check port: %v, want %q\n%s", err, want, out)
 	}
 }

@@ -46,6 +46,7 @@ func TestE2E(t *testing.T) {
 		{"validator/debug-container-captured", validatorDebugContainer},
 		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
 		{"validator/hook-gate-fails-closed", validatorHookGateFailsClosed},
+		{"validator/slow-proxy-behind-the-hook", validatorSlowProxy},
 		{"podsecurity/restricted-namespace", podSecurityRestricted},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"inbound/every-backend", inboundEveryBackend},

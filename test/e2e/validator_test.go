@@ -266,6 +266,156 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 	e.AssertCaptured(t, ctx, ready, "passed")
 }
 
+// slowProxyValues configure detour with a proxy that listens 20 s after its start — longer than
+// its liveness probe's budget, 5 s × 3 — with the probes a production proxy has: a startup probe
+// the hook gate asks in its place (budget 120 s), a liveness and a readiness probe, which stay.
+const slowProxyValues = `webhook:
+  config:
+    proxy:
+      args: ["-listen-delay=20s"]
+      startupProbe: {tcpSocket: {port: 4191}, periodSeconds: 1, failureThreshold: 120}
+      livenessProbe: {tcpSocket: {port: 4191}, periodSeconds: 5, failureThreshold: 3}
+      readinessProbe: {httpGet: {path: /ready, port: 4191}, periodSeconds: 1}
+`
+
+// validatorSlowProxy (issue 42.1): behind the hook start gate, which takes the place of the
+// proxy's startup probe, its liveness and readiness probes stay as configured. A proxy that
+// listens 20 s after its start is never restarted by its liveness probe — the kubelet probes
+// nothing of a container whose postStart hook still runs: the pod's sync waits in the hook, and
+// the probe workers read the container's status from the status that sync writes — and the pod
+// is Ready only once the proxy answers. A proxy that crashes takes its pod out of Ready until its
+// check at the new start has passed and the proxy answers again, 20 s later; it is restarted
+// once, by the crash.
+func validatorSlowProxy(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.InstallDetour(t, ctx, slowProxyValues)
+	defer e.InstallDetour(t, ctx, "")
+	e.Namespace(t, ctx, "slowproxy", true)
+	defer e.DropNamespaces(t, ctx, "slowproxy")
+	pods := e.Node.Client.CoreV1().Pods("slowproxy")
+	if _, err := pods.Create(ctx, e.Pod("slow", "slowproxy"), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	p := e.WaitReady(t, ctx, "slowproxy", "name=slow", 1)[0]
+	proxy := p.Spec.InitContainers[0]
+	if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
+		proxy.LivenessProbe == nil || proxy.LivenessProbe.PeriodSeconds != 5 || proxy.ReadinessProbe == nil {
+		t.Fatalf("proxy %s: startup probe %+v, liveness %+v, readiness %+v, lifecycle %+v; want the hook gate with the liveness and readiness probes",
+			proxy.Name, proxy.StartupProbe, proxy.LivenessProbe, proxy.ReadinessProbe, proxy.Lifecycle)
+	}
+	started := proxyStarted(t, &p)
+	ready := podReadySince(&p)
+	t.Logf("first start: the proxy started at %s, the pod Ready at %s (+%s); %s", started.Format(time.RFC3339), ready.Format(time.RFC3339), ready.Sub(started), framework.ContainerStates(&p))
+	if n := proxyRestarts(&p); n != 0 || ready.Sub(started) < 19*time.Second {
+		t.Errorf("the proxy restarted %d times, the pod was Ready %s after the proxy's start; want no restart and Ready once the proxy listens (20 s)", n, ready.Sub(started))
+	}
+	e.AssertCaptured(t, ctx, p, "slow")
+
+	// The proxy crashes: the pod leaves Ready, and comes back only after its check passed
+	// again and the proxy answers, 20 s after its restart.
+	w, err := pods.Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=slow", ResourceVersion: p.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	killedAt := time.Now()
+	if n, err := e.KillInPod(&p, "testproxy"); err != nil || n != 1 {
+		t.Fatalf("kill the proxy: %d killed, %v", n, err)
+	}
+	var notReadyAt, readyAgainAt time.Time
+	var last *corev1.Pod
+	deadline := time.After(2 * time.Minute)
+	for readyAgainAt.IsZero() {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatal("the pod watch ended")
+			}
+			q, ok := ev.Object.(*corev1.Pod)
+			if !ok {
+				continue
+			}
+			last = q
+			switch isReady := framework.PodReady(q); {
+			case !isReady && notReadyAt.IsZero():
+				notReadyAt = time.Now()
+			case isReady && !notReadyAt.IsZero():
+				readyAgainAt = time.Now()
+			}
+		case <-deadline:
+			t.Fatalf("the pod was not Ready again within 2 minutes of its proxy's crash (NotReady seen: %v): %s", !notReadyAt.IsZero(), framework.ContainerStates(last))
+		}
+	}
+	passed := checkPassedAt(t, ctx, e, "slowproxy", "slow")
+	t.Logf("crash at %s: NotReady +%s, the check passed +%s, Ready again +%s", killedAt.Format(time.RFC3339), notReadyAt.Sub(killedAt), passed.Sub(killedAt), readyAgainAt.Sub(killedAt))
+	if readyAgainAt.Before(passed) || readyAgainAt.Sub(killedAt) < 19*time.Second {
+		t.Errorf("the pod was Ready again %s after the crash, its check passed %s after it; want Ready only after the check passed and the proxy listened (20 s)",
+			readyAgainAt.Sub(killedAt), passed.Sub(killedAt))
+	}
+	// Another liveness period or two later: the crash is the only restart.
+	time.Sleep(12 * time.Second)
+	now, err := pods.Get(ctx, "slow", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := proxyRestarts(now); n != 1 || !framework.PodReady(now) {
+		t.Errorf("after the crash: the proxy restarted %d times (want 1, the crash), pod Ready %v: %s", n, framework.PodReady(now), framework.ContainerStates(now))
+	}
+	events, err := e.Node.Client.CoreV1().Events("slowproxy").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		if ev.Reason == "Unhealthy" && strings.Contains(ev.Message, "Liveness") || ev.Reason == "Killing" {
+			t.Errorf("event %s: %s", ev.Reason, ev.Message)
+		}
+	}
+}
+
+// proxyStarted is when p's proxy container's current instance started.
+func proxyStarted(t testing.TB, p *corev1.Pod) time.Time {
+	t.Helper()
+	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		if s.Name == annotations.ProxyContainer && s.State.Running != nil {
+			return s.State.Running.StartedAt.Time
+		}
+	}
+	t.Fatalf("the proxy of %s is not running: %s", p.Name, framework.ContainerStates(p))
+	return time.Time{}
+}
+
+// podReadySince is when p's Ready condition last became true.
+func podReadySince(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
+}
+
+// checkPassedAt is when the check at the start of the pod's current proxy instance logged that
+// the redirect is in place (the last such line of its log, with the runtime's timestamps).
+func checkPassedAt(t testing.TB, ctx context.Context, e *framework.Env, ns, pod string) time.Time {
+	t.Helper()
+	data, err := e.Node.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: annotations.ProxyContainer, Timestamps: true}).DoRaw(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var at time.Time
+	for line := range strings.Lines(string(data)) {
+		stamp, rest, _ := strings.Cut(line, " ")
+		if strings.Contains(rest, "redirect in place") {
+			if at, err = time.Parse(time.RFC3339Nano, stamp); err != nil {
+				t.Fatalf("the proxy's log line %q: %v", line, err)
+			}
+		}
+	}
+	if at.IsZero() {
+		t.Fatalf("the current proxy's log has no check that passed:\n%s", data)
+	}
+	return at
+}
+
 // proxyRestarts is the restart count of p's proxy container.
 func proxyRestarts(p *corev1.Pod) int32 {
 	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {

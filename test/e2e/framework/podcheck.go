@@ -2,12 +2,14 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/yaml"
@@ -40,6 +42,37 @@ func (e *Env) PodNetns(p *corev1.Pod) (string, error) {
 		return "", fmt.Errorf("no process of pod %s/%s (cgroup %s) found below %s", p.Namespace, p.Name, want, filepath.Join(h, e.Node.Cgroup))
 	}
 	return "/proc/" + strconv.Itoa(pid) + "/ns/net", nil
+}
+
+// KillInPod sends SIGKILL to every process of pod p whose command name (/proc/<pid>/comm) is
+// comm — a container's process crashing, which the kubelet then restarts — and returns how many
+// it killed.
+func (e *Env) KillInPod(p *corev1.Pod, comm string) (int, error) {
+	h, err := TrackingHierarchy()
+	if err != nil {
+		return 0, err
+	}
+	want := "pod" + string(p.UID)
+	killed := 0
+	var errs []error
+	filepath.WalkDir(filepath.Join(h, e.Node.Cgroup), func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() || d.Name() != want {
+			return nil
+		}
+		for _, pid := range CgroupPIDs(strings.TrimPrefix(path, h+"/")) {
+			name, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+			if err != nil || strings.TrimSpace(string(name)) != comm {
+				continue
+			}
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				errs = append(errs, fmt.Errorf("kill %s (pid %d) of pod %s/%s: %w", comm, pid, p.Namespace, p.Name, err))
+				continue
+			}
+			killed++
+		}
+		return filepath.SkipDir
+	})
+	return killed, errors.Join(errs...)
 }
 
 // DetourBin is the working tree's detour command, as built for the run.

@@ -41,6 +41,9 @@ type Proxy struct {
 	// DialTimeout bounds the proxy's own connection to a destination (default 5s; the
 	// NetworkPolicy analysis, upstream.NetpolDialTimeout, counts on it).
 	DialTimeout time.Duration
+	// ListenDelay is how long the proxy waits after its start before it listens: a production
+	// proxy that loads its configuration and identity first (the start gate's stories).
+	ListenDelay time.Duration
 }
 
 // RunProxy parses the proxy's flags (-outbound, -inbound, -admin) and runs it until ctx ends,
@@ -51,6 +54,7 @@ func RunProxy(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.StringVar(&p.Outbound, "outbound", DefaultOutbound, "listen address for redirected outbound connections")
 	fs.StringVar(&p.Inbound, "inbound", DefaultInbound, "listen address for redirected inbound connections")
 	fs.StringVar(&p.Admin, "admin", DefaultAdmin, "listen address of the admin server (/ready)")
+	fs.DurationVar(&p.ListenDelay, "listen-delay", 0, "wait this long after the start before listening, as a proxy that loads its configuration first")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -70,6 +74,14 @@ func (p *Proxy) Run(ctx context.Context) error {
 	}
 	if p.DialTimeout == 0 {
 		p.DialTimeout = 5 * time.Second
+	}
+	if p.ListenDelay > 0 {
+		p.Log.Printf("proxy starting: listening in %s", p.ListenDelay)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(p.ListenDelay):
+		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

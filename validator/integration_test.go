@@ -243,6 +243,11 @@ func TestIntegrationValidatorCheckPortHeld(t *testing.T) {
 			if line, err := bufio.NewReader(out).ReadString('\n'); line != "listening\n" {
 				t.Fatalf("the app did not listen: %q, %v", line, err)
 			}
+			// The app must hold the port in the pod's namespace: say so when it does not, as
+			// the check passing would otherwise read as a check that misses a held port.
+			if got, want := netnsID(t, fmt.Sprintf("/proc/%d/ns/net", app.Process.Pid)), netnsID(t, ns.Path); got != want {
+				t.Fatalf("the app (pid %d) runs in network namespace %d, not the pod's %d", app.Process.Pid, got, want)
+			}
 
 			check := runFolded(ctx, ns, proxy)
 			var stdout, stderr strings.Builder
@@ -252,7 +257,8 @@ func TestIntegrationValidatorCheckPortHeld(t *testing.T) {
 			}
 			check.Wait()
 			if code := check.ProcessState.ExitCode(); code != validator.ExitPortInUse || strings.Contains(stdout.String(), "proxy up") {
-				t.Fatalf("exit code %d (want %d), or the proxy started; stdout %q, stderr %q", code, validator.ExitPortInUse, stdout.String(), stderr.String())
+				alive := app.Process.Signal(syscall.Signal(0)) == nil
+				t.Fatalf("exit code %d (want %d), or the proxy started (the app still running: %v); stdout %q, stderr %q", code, validator.ExitPortInUse, alive, stdout.String(), stderr.String())
 			}
 			for _, want := range []string{
 				"detour: port 4142 is taken by a socket listening on " + tc.addr + " owned by uid 1000, not by the proxy (uid 2102): ",
@@ -686,4 +692,14 @@ func TestIntegrationStartGateHook(t *testing.T) {
 			t.Errorf("the check's output:\n%s", checkOut.String())
 		}
 	})
+}
+
+// netnsID is the inode of the network namespace at path (a bind mount or /proc/PID/ns/net).
+func netnsID(t *testing.T, path string) uint64 {
+	t.Helper()
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
 }

@@ -333,13 +333,9 @@ func (p *Plugin) rulesFor(c *call) ([]iptables.Ruleset, error) {
 	if c.conf.IPv6 == IPv6Always || hasIPv6(c.conf.PrevResult) {
 		c.families = append(c.families, iptables.IPv6)
 	}
-	var rulesets []iptables.Ruleset
-	for _, f := range c.families {
-		rs, err := iptables.Build(iptables.ConfigFromRedirect(redirect, f))
-		if err != nil {
-			return nil, fmt.Errorf("pod %s: %w", c.pod, err)
-		}
-		rulesets = append(rulesets, rs)
+	rulesets, err := iptables.BuildFamilies(redirect, c.families...)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s: %w", c.pod, err)
 	}
 	return rulesets, nil
 }

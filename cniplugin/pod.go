@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
 // PodMeta is what the plugin needs of a pod from the API server.
@@ -85,21 +87,10 @@ func (g *apiGetter) GetPod(ctx context.Context, namespace, name string) (PodMeta
 		if err == nil || !retry {
 			return meta, err
 		}
-		if attempt == maxAttempts || sleep(ctx, backoff) != nil {
+		if attempt == maxAttempts || ctxtime.Sleep(ctx, backoff) != nil {
 			return PodMeta{}, &apiError{server: g.host.String(), kubeconfig: g.source, attempts: attempt, timeout: g.timeout, err: err}
 		}
 		backoff *= 2
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
 

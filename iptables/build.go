@@ -85,6 +85,20 @@ func ConfigFromRedirect(r annotations.Redirect, f Family) Config {
 	}
 }
 
+// BuildFamilies builds the ruleset of each of families from a pod's webhook-written
+// annotations, in that order.
+func BuildFamilies(r annotations.Redirect, families ...Family) ([]Ruleset, error) {
+	rulesets := make([]Ruleset, 0, len(families))
+	for _, f := range families {
+		rs, err := Build(ConfigFromRedirect(r, f))
+		if err != nil {
+			return nil, err
+		}
+		rulesets = append(rulesets, rs)
+	}
+	return rulesets, nil
+}
+
 // Rule is one rule in the form iptables-save prints it, without the "-A CHAIN" prefix.
 type Rule struct {
 	Chain string

@@ -107,6 +107,28 @@ func TestBuildRejects(t *testing.T) {
 	}
 }
 
+// BuildFamilies is Build of each family, in the order given, and fails as Build does.
+func TestBuildFamilies(t *testing.T) {
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140}
+	got, err := BuildFamilies(r, IPv6, IPv4)
+	if err != nil || len(got) != 2 {
+		t.Fatalf("BuildFamilies = %d rulesets, %v; want 2", len(got), err)
+	}
+	for i, f := range []Family{IPv6, IPv4} {
+		want, err := Build(ConfigFromRedirect(r, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[i].Restore() != want.Restore() {
+			t.Errorf("ruleset %d is not %s's:\n%s\nwant\n%s", i, f, got[i].Restore(), want.Restore())
+		}
+	}
+	r.ProxyUID = 0
+	if _, err := BuildFamilies(r, IPv4); err == nil {
+		t.Error("BuildFamilies with no proxy UID succeeded; want Build's error")
+	}
+}
+
 func TestMultiportSplitsAtKernelLimit(t *testing.T) {
 	for _, tc := range []struct {
 		in   string

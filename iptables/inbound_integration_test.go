@@ -48,13 +48,9 @@ func (r *restoreFaults) Run(ctx context.Context, name string, args []string, std
 func TestIntegrationApplyWithInboundFallback(t *testing.T) {
 	testenv.Privileged(t)
 	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, InboundListening: true}
-	var rulesets []iptables.Ruleset
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rulesets = append(rulesets, rs)
+	rulesets, err := iptables.BuildFamilies(r, iptables.IPv4, iptables.IPv6)
+	if err != nil {
+		t.Fatal(err)
 	}
 	fallback, _ := iptables.InboundFallback(rulesets)
 	for _, backend := range []iptables.Backend{iptables.BackendLegacy, iptables.BackendNFT} {

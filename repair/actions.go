@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -102,14 +103,15 @@ func (c *Controller) annotate(ctx context.Context, pod *corev1.Pod) error {
 // the action itself happened.
 func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg string) {
 	now := c.now()
-	if err := c.record(ctx, pod, EventReason, action, msg, fmt.Sprintf("%x", now.UnixNano())); err != nil {
+	if err := c.record(ctx, pod, now, EventReason, action, msg, fmt.Sprintf("%x", now.UnixNano())); err != nil {
 		c.log.Error("record event (the service account needs create on events)", "pod", pod.Namespace+"/"+pod.Name, "err", err)
 	}
 }
 
-// record creates a Warning Event on pod named after the pod and suffix; a failure is counted.
-func (c *Controller) record(ctx context.Context, pod *corev1.Pod, reason, action, msg, suffix string) error {
-	now := metav1.NewTime(c.now())
+// record creates a Warning Event on pod at time at, named after the pod and suffix; a failure
+// is counted.
+func (c *Controller) record(ctx context.Context, pod *corev1.Pod, at time.Time, reason, action, msg, suffix string) error {
+	now := metav1.NewTime(at)
 	prefix := pod.Name
 	if max := 253 - 1 - len(suffix); len(prefix) > max { // an Event name is at most 253 characters
 		prefix = prefix[:max]
@@ -172,7 +174,7 @@ func (c *Controller) reportPortInUse(ctx context.Context, pod *corev1.Pod) error
 		msg += "Detour does not recreate the pod: the port is taken inside the pod, so a new one would fail the same way. " +
 			"Fix: keep detour-validator the first init container and its --port the pod's detour.dev/proxy-outbound-port; then recreate the pod."
 	}
-	err := c.record(ctx, pod, CheckPortEventReason, "Report", msg, "check-port-"+string(pod.UID))
+	err := c.record(ctx, pod, c.now(), CheckPortEventReason, "Report", msg, "check-port-"+string(pod.UID))
 	switch {
 	case err == nil:
 		c.log.Info("the pod's check found its port taken by a container of the pod; recorded an Event, deleting nothing", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "container", container)

@@ -142,13 +142,9 @@ func installRedirect(t *testing.T, ns *testenv.NetNS, families ...iptables.Famil
 // detour-cni does.
 func applyRedirect(t *testing.T, ns *testenv.NetNS, r annotations.Redirect) {
 	t.Helper()
-	var rulesets []iptables.Ruleset
-	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
-		rs, err := iptables.Build(iptables.ConfigFromRedirect(r, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		rulesets = append(rulesets, rs)
+	rulesets, err := iptables.BuildFamilies(r, iptables.IPv4, iptables.IPv6)
+	if err != nil {
+		t.Fatal(err)
 	}
 	if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, rulesets...); err != nil {
 		t.Fatal(err)

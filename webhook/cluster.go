@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
 // What the webhook learns of the cluster besides its nodes, for where the validator's check
@@ -66,18 +67,6 @@ func backoff(failures int, first, limit time.Duration, r float64) time.Duration 
 	}
 	d = min(d, limit)
 	return d - time.Duration(float64(d)*r/5)
-}
-
-// sleep waits d, or until ctx ends (then its error).
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // APIServerGate reads whether the API server keeps image volumes: its ImageVolume feature gate,
@@ -186,7 +175,7 @@ type gateWatch struct {
 	read func(context.Context) gateRead
 	set  func(inject.Gate, string)
 	log  *slog.Logger
-	// sleep and jitter (in [0, 1)) are the waits' (default sleep and math/rand/v2's Float64).
+	// sleep and jitter (in [0, 1)) are the waits' (default ctxtime.Sleep and math/rand/v2's Float64).
 	sleep  func(context.Context, time.Duration) error
 	jitter func() float64
 }
@@ -195,7 +184,7 @@ type gateWatch struct {
 func (w *gateWatch) run(ctx context.Context) {
 	wait, jitter := w.sleep, w.jitter
 	if wait == nil {
-		wait = sleep
+		wait = ctxtime.Sleep
 	}
 	if jitter == nil {
 		jitter = rand.Float64
@@ -255,7 +244,13 @@ func (w *gateWatch) round(ctx context.Context) (inject.Gate, string, error) {
 }
 
 func gateName(g inject.Gate) string {
-	return map[inject.Gate]string{inject.GateOn: "on", inject.GateOff: "off", inject.GateUnknown: "unknown"}[g]
+	switch g {
+	case inject.GateOn:
+		return "on"
+	case inject.GateOff:
+		return "off"
+	}
+	return "unknown"
 }
 
 // gateFromMetrics finds gate in a Prometheus text exposition's kubernetes_feature_enabled.

@@ -22,6 +22,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
 // metricsReplies are the fake API server's answers to GET /metrics, by name.
@@ -342,7 +343,7 @@ func TestMayWatchNodesEndsWithContext(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		_, _, err := mayWatchNodes(ctx, cs, slog.New(slog.DiscardHandler),
-			func(ctx context.Context, _ time.Duration) error { return sleep(ctx, time.Hour) })
+			func(ctx context.Context, _ time.Duration) error { return ctxtime.Sleep(ctx, time.Hour) })
 		done <- err
 	}()
 	for calls.Load() == 0 {

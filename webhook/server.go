@@ -36,6 +36,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/internal/ctxtime"
 	"github.com/detourmesh/detour/webhook/certs"
 	"github.com/detourmesh/detour/webhook/internal/fastpath"
 )
@@ -212,7 +213,7 @@ func Run(ctx context.Context, o Options) error {
 		if err != nil {
 			return fmt.Errorf("run webhook: %w", err)
 		}
-		gate := &gateWatch{read: read, set: modes.SetAPIServerGate, log: log, sleep: sleep}
+		gate := &gateWatch{read: read, set: modes.SetAPIServerGate, log: log, sleep: ctxtime.Sleep}
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 			gate.run(ctx)
 			return nil
@@ -225,7 +226,7 @@ func Run(ctx context.Context, o Options) error {
 		// before: while the API server does not answer, the webhook keeps asking, unready, and
 		// its /healthz answers, so that the kubelet does not restart it.
 		if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			may, why, err := mayWatchNodes(ctx, cs, log, sleep)
+			may, why, err := mayWatchNodes(ctx, cs, log, ctxtime.Sleep)
 			switch {
 			case ctx.Err() != nil:
 				return nil // stopping

@@ -11,9 +11,9 @@
 # then e2e.test; the rest beside them).
 #
 # With DETOUR_BINARIES=control-plane (make demo) only kube-apiserver, etcd, the CNI plugins and
-# helm are built; flannel and Cilium (cilium-agent and cilium-cni, with the datapath's sources
-# and the CRDs) only with DETOUR_BINARIES=cluster (make e2e-cluster). Cilium's cold build took
-# 828 s on 2 cores beside other builds (load 10 to 45; 2026-12-05).
+# helm are built; flannel and Cilium (cilium-agent, cilium-cni and cilium-dbg, with the
+# datapath's sources and the CRDs) only with DETOUR_BINARIES=cluster (make e2e-cluster).
+# Cilium's cold build took 828 s on 2 cores beside other builds (load 10 to 45; 2026-12-05).
 #
 # Prints the directory that holds the binaries (the last line of output), which the Makefile
 # exports as DETOUR_TEST_BIN.
@@ -143,54 +143,72 @@ build_rootfs() {
 	ln -sfn "debian-rootfs-$key.tar" "$bin/debian-rootfs.tar"
 }
 
-# build_cilium builds cilium-agent and cilium-cni of version $cilium into the directory
-# $bin/cilium-$cilium, with what the agent reads at run time beside them: the datapath's C
-# sources (bpf/, which the agent compiles with clang at start, as /var/lib/cilium/bpf in
-# Cilium's image) and the CRDs (crds/, which Cilium's operator would install). It builds from
-# the unpacked module with a copy of the module's go.mod (-modfile) that takes the replaces of
-# hack/tools/cilium/go.mod. Cilium's Helm chart (chart/, install/kubernetes/cilium of the
-# module) goes beside them too, also into a directory built before it was added: the e2e
-# renders the agent's ConfigMap and RBAC from it.
+# cilium_go_build builds Cilium's commands $3... of version $cilium into the directory $2, from
+# the unpacked module $1 with a copy of the module's go.mod (-modfile) that takes the replaces
+# of hack/tools/cilium/go.mod. The version string is what Cilium's Makefile writes: version,
+# revision, author date ($CILIUM_TIME).
+cilium_go_build() {
+	local dir=$1 to=$2 mod r
+	shift 2
+	mod=$(mktemp -d)
+	cp "$dir/go.mod" "$mod/cilium.mod"
+	cp "$dir/go.sum" "$mod/cilium.sum"
+	chmod u+w "$mod/cilium.mod" "$mod/cilium.sum"
+	for r in $(cd "$root/hack/tools/cilium" && go mod edit -json | jq -r '.Replace[]? | "\(.Old.Path)@\(.Old.Version)=\(.New.Path)@\(.New.Version)"'); do
+		(cd "$dir" && go mod edit -modfile="$mod/cilium.mod" -replace="$r")
+	done
+	(cd "$dir" && go build -modfile="$mod/cilium.mod" -trimpath -tags osusergo -o "$to/" \
+		-ldflags "-s -w -X 'github.com/cilium/cilium/pkg/version.ciliumVersion=${cilium#v} $cilium $CILIUM_TIME'" "$@")
+	local status=$?
+	rm -rf "$mod"
+	return $status
+}
+
+# build_cilium builds cilium-agent, cilium-cni and cilium-dbg of version $cilium into the
+# directory $bin/cilium-$cilium, with what the agent reads at run time beside them: the
+# datapath's C sources (bpf/, which the agent compiles with clang at start, as
+# /var/lib/cilium/bpf in Cilium's image) and the CRDs (crds/, which Cilium's operator would
+# install). Cilium's Helm chart (chart/, install/kubernetes/cilium of the module) and cilium-dbg
+# (make netpol-cilium reads policy verdicts with it) go beside them too, also into a directory
+# built before they were added: the e2e renders the agent's ConfigMap and RBAC from the chart.
 build_cilium() {
-	local out="$bin/cilium-$cilium"
-	if [ -d "$out" ] && [ ! -d "$out/chart" ]; then
-		local dir tmp
-		dir=$(cd "$root/hack/tools/cilium" && go mod download -json github.com/cilium/cilium | jq -r .Dir) ||
+	local out="$bin/cilium-$cilium" info dir
+	if [ ! -d "$out/chart" ] || [ ! -x "$out/cilium-dbg" ]; then # (or no $out at all)
+		info=$(cd "$root/hack/tools/cilium" && go mod download -json github.com/cilium/cilium) ||
 			{ echo "test-binaries: cannot download github.com/cilium/cilium $cilium" >&2; return 1; }
+		dir=$(jq -r .Dir <<<"$info")
+		CILIUM_TIME=$(jq -r .Time "$(jq -r .Info <<<"$info")")
+	fi
+	if [ -d "$out" ] && [ ! -d "$out/chart" ]; then
+		local tmp
 		tmp=$(mktemp -d "$out/.chart.XXXXXX")
 		cp -r "$dir/install/kubernetes/cilium/." "$tmp/"
 		chmod -R u+w "$tmp"
 		chmod 755 "$tmp"
 		mv "$tmp" "$out/chart"
 	fi
+	if [ -d "$out" ] && [ ! -x "$out/cilium-dbg" ]; then
+		echo "test-binaries: building cilium-dbg $cilium into $out" >&2
+		local tmp
+		tmp=$(mktemp -d "$out/.dbg.XXXXXX")
+		cilium_go_build "$dir" "$tmp" ./cilium-dbg || { rm -rf "$tmp"; return 1; }
+		mv "$tmp/cilium-dbg" "$out/cilium-dbg"
+		rmdir "$tmp"
+	fi
 	if [ ! -d "$out" ]; then
-		echo "test-binaries: building cilium-agent and cilium-cni $cilium from github.com/cilium/cilium (cached afterwards in $bin)" >&2
-		local start=$SECONDS info dir time tmp r
-		info=$(cd "$root/hack/tools/cilium" && go mod download -json github.com/cilium/cilium) ||
-			{ echo "test-binaries: cannot download github.com/cilium/cilium $cilium" >&2; return 1; }
-		dir=$(jq -r .Dir <<<"$info")
-		time=$(jq -r .Time "$(jq -r .Info <<<"$info")")
+		echo "test-binaries: building cilium-agent, cilium-cni and cilium-dbg $cilium from github.com/cilium/cilium (cached afterwards in $bin)" >&2
+		local start=$SECONDS tmp
 		tmp=$(mktemp -d "$bin/.cilium.XXXXXX")
-		cp "$dir/go.mod" "$tmp/cilium.mod"
-		cp "$dir/go.sum" "$tmp/cilium.sum"
-		chmod u+w "$tmp/cilium.mod" "$tmp/cilium.sum"
-		for r in $(cd "$root/hack/tools/cilium" && go mod edit -json | jq -r '.Replace[]? | "\(.Old.Path)@\(.Old.Version)=\(.New.Path)@\(.New.Version)"'); do
-			(cd "$dir" && go mod edit -modfile="$tmp/cilium.mod" -replace="$r")
-		done
-		# The version string is what Cilium's Makefile writes: version, revision, author date.
-		(cd "$dir" && go build -modfile="$tmp/cilium.mod" -trimpath -tags osusergo -o "$tmp/" \
-			-ldflags "-s -w -X 'github.com/cilium/cilium/pkg/version.ciliumVersion=${cilium#v} $cilium $time'" \
-			./daemon ./plugins/cilium-cni) || { rm -rf "$tmp"; return 1; }
+		cilium_go_build "$dir" "$tmp" ./daemon ./plugins/cilium-cni ./cilium-dbg || { rm -rf "$tmp"; return 1; }
 		mv "$tmp/daemon" "$tmp/cilium-agent"
 		cp -r "$dir/bpf" "$tmp/bpf"
 		cp -r "$dir/install/kubernetes/cilium" "$tmp/chart"
 		mkdir "$tmp/crds"
 		cp "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2/*.yaml "$dir"/pkg/k8s/apis/cilium.io/client/crds/v2alpha1/*.yaml "$tmp/crds/"
-		rm -f "$tmp/cilium.mod" "$tmp/cilium.sum"
 		chmod -R u+w "$tmp"
 		chmod 755 "$tmp"
 		mv "$tmp" "$out"
-		echo "test-binaries: built cilium-agent and cilium-cni in $((SECONDS - start))s" >&2
+		echo "test-binaries: built cilium-agent, cilium-cni and cilium-dbg in $((SECONDS - start))s" >&2
 	fi
 	ln -sfn "cilium-$cilium" "$bin/cilium"
 }

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -59,7 +60,9 @@ func TestNetpolCilium(t *testing.T) {
 	}
 	dir := reportDir(t, e, "DETOUR_NETPOL_DIR", "netpol-cilium")
 	run, procs := upstreamRunner(t, ctx, e, dir, tests)
+	stop := watchCilium(t, ctx, e, dir, "without-detour-")
 	without, tookWithout := run("without-detour-")
+	stop()
 	relabelWithout := netpolRelabel(t, ctx, e, relabelForm{Name: "without detour", Prefix: "relabel-nodetour"})
 
 	rec := meshEveryPod(t, ctx, e)
@@ -67,7 +70,9 @@ func TestNetpolCilium(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	stop = watchCilium(t, ctx, e, dir, "with-detour-")
 	with, tookWith := run("with-detour-")
+	stop()
 	rec.Stop() // the tests' pods: the relabel run's opted-out pods are not injected on purpose
 	relabelWith := netpolRelabel(t, ctx, e, relabelForm{Name: "with detour, meshed", Prefix: "relabel-meshed", Meshed: true},
 		relabelForm{Name: "with detour, opted out", Prefix: "relabel-optout", OptOut: true})
@@ -112,6 +117,37 @@ func TestNetpolCilium(t *testing.T) {
 	// make e2e's conformance smoke (sig-network: Services, DNS, pod to pod, session affinity,
 	// NodePort) on Cilium, detour still injecting every pod.
 	t.Run("conformance-smoke", func(t *testing.T) { conformanceSmoke(t, ctx, e) })
+}
+
+// watchCilium starts cilium-dbg monitor on every node for one run, printing Cilium's policy
+// verdicts and drops to dir/<prefix>cilium-monitor-<node>.log; the function it returns stops
+// them and writes what each agent knows beside them (<prefix>cilium-state-<node>.txt: endpoints,
+// identities and their labels, IP cache, Services), so that a verdict's identities can be read.
+func watchCilium(t *testing.T, ctx context.Context, e *framework.Env, dir, prefix string) (stop func()) {
+	t.Helper()
+	var stops []func()
+	for _, n := range e.Node.Nodes() {
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out := filepath.Join(dir, prefix+"cilium-monitor-"+n.Name+".log")
+		os.Remove(out) // a run before this one's
+		s, err := n.CiliumMonitor(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stops = append(stops, s)
+	}
+	return func() {
+		for _, s := range stops {
+			s()
+		}
+		for _, n := range e.Node.Nodes() {
+			if err := os.WriteFile(filepath.Join(dir, prefix+"cilium-state-"+n.Name+".txt"), []byte(n.CiliumState(ctx)), 0o644); err != nil {
+				t.Error(err)
+			}
+		}
+	}
 }
 
 // ciliumVersion is cilium-agent's own version.

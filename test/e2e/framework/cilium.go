@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -375,4 +376,33 @@ func (cp *Node) SetCilium(ctx context.Context, cfg CiliumConfig) error {
 	*cp.opts.Cilium = cfg
 	ciliumMu.Unlock()
 	return cp.RestartCilium(ctx)
+}
+
+// CiliumMonitor starts `cilium-dbg monitor` against the node's agent, printing its policy
+// verdicts and drops (the remote identity as a number) to the file out, until stop. A policy
+// verdict names the identity Cilium judged a connection's peer by: a pod's, or a CIDR's (local
+// identities, 16777216 and up), which is what tells an ipBlock rule's match from the wire.
+func (n *Node) CiliumMonitor(out string) (stop func(), err error) {
+	argv := []string{n.Bin("cilium/cilium-dbg"), "monitor", "--type", "policy-verdict", "--type", "drop", "--numeric"}
+	pid, err := n.holder.start(argv, n.env(), out, out)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: start cilium-dbg monitor: %w", n.Name, err)
+	}
+	return func() { n.holder.stop(pid, time.Second) }, nil
+}
+
+// CiliumState is what the node's agent knows, as cilium-dbg prints it: its endpoints, the
+// identities it knows and their labels, its IP cache (address → identity) and its Services.
+func (n *Node) CiliumState(ctx context.Context) string {
+	var b strings.Builder
+	for _, args := range [][]string{{"endpoint", "list"}, {"identity", "list"}, {"ip", "list", "--numeric"}, {"service", "list"}} {
+		fmt.Fprintf(&b, "$ cilium-dbg %s\n", strings.Join(args, " "))
+		out, err := n.Run(ctx, append([]string{n.Bin("cilium/cilium-dbg")}, args...)...)
+		b.WriteString(out)
+		if err != nil {
+			fmt.Fprintf(&b, "(%v)\n", err)
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
 }

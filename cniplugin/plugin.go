@@ -430,13 +430,16 @@ func (p *Plugin) check(c *call) error {
 		return err
 	}
 	// ADD falls back to redirecting every inbound connection where the kernel refused the
-	// socket lookup: those rules, marked as the fallback, are the ones it installed.
-	fellBack, err := p.NewExecutor(c.conf).CheckWithInboundFallback(context.Background(), c.args.Netns, rulesets...)
+	// socket lookup: those rules, marked as the fallback, are the ones it installed. A pod a
+	// newer webhook injected while the node still ran detour-cni v0.1.0 has that plugin's rules.
+	how, err := p.NewExecutor(c.conf).CheckInstalled(context.Background(), c.args.Netns, rulesets...)
 	switch {
 	case err != nil:
 		return fmt.Errorf("pod %s: the redirect is not as installed: %w; recreate the pod to reinstall it", c.pod, err)
-	case fellBack:
+	case how == iptables.InboundFallbackInstalled:
 		c.decision = "rules match (the inbound fallback ADD installed: every inbound connection)"
+	case how == iptables.V010Installed:
+		c.decision = "rules match (detour-cni v0.1.0's, installed before this plugin: every inbound connection)"
 	default:
 		c.decision = "rules match"
 	}

@@ -129,6 +129,33 @@ func TestBuildFamilies(t *testing.T) {
 	}
 }
 
+// V010Rules drops what detour-cni v0.1.0 does not know (the socket lookup, the check port)
+// and nothing else; rulesets that use neither have no v0.1.0 form of their own.
+func TestV010Rules(t *testing.T) {
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, CheckPort: 4142, InboundListening: true, ExemptUIDs: []uint32{1001}}
+	rulesets, err := BuildFamilies(r, IPv4, IPv6)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older, ok := V010Rules(rulesets)
+	if !ok || len(older) != 2 {
+		t.Fatalf("V010Rules = %d rulesets, %v; want 2 and ok", len(older), ok)
+	}
+	for i, f := range []Family{IPv4, IPv6} {
+		c := ConfigFromRedirect(r, f)
+		c.InboundListening, c.CheckPort = false, 0
+		want, _ := Build(c)
+		if older[i].Restore() != want.Restore() {
+			t.Errorf("%s: v0.1.0's form\n%s\nwant\n%s", f, older[i].Restore(), want.Restore())
+		}
+	}
+	r.CheckPort, r.InboundListening = 0, false
+	plain, _ := BuildFamilies(r, IPv4)
+	if _, ok := V010Rules(plain); ok {
+		t.Error("V010Rules of rules v0.1.0 installs as they are: ok, want not")
+	}
+}
+
 func TestMultiportSplitsAtKernelLimit(t *testing.T) {
 	for _, tc := range []struct {
 		in   string

@@ -53,20 +53,60 @@ func (e *Executor) ApplyWithInboundFallback(ctx context.Context, nsPath string, 
 	return err, nil
 }
 
-// CheckWithInboundFallback is [Executor.Check], except that where rulesets ask for the socket
-// lookup the namespace may hold their [InboundFallback] instead — what ADD installed where the
-// kernel refused the lookup — and fellBack then says so. It does not ask the kernel: the rules
-// carry the fallback's own comment, so a pod that fell back passes after its node gained the
-// lookup (an admin loaded the module) as before.
-func (e *Executor) CheckWithInboundFallback(ctx context.Context, nsPath string, rulesets ...Ruleset) (fellBack bool, err error) {
+// Installed names the form of the rules [Executor.CheckInstalled] found in a pod's namespace.
+type Installed int
+
+const (
+	// AsBuilt: exactly the rulesets asked for.
+	AsBuilt Installed = iota
+	// InboundFallbackInstalled: their [InboundFallback], what ADD installs where the kernel
+	// refuses the socket lookup (every inbound connection goes to the proxy).
+	InboundFallbackInstalled
+	// V010Installed: what detour-cni v0.1.0 installs for the pod's annotations
+	// ([V010Rules]): a pod a newer webhook injected during an upgrade, before the node's agent
+	// installed the newer plugin.
+	V010Installed
+)
+
+// V010Rules returns rulesets as detour-cni v0.1.0 installs them: it knows neither
+// detour.dev/redirect-inbound: listening nor detour.dev/validator-check-port, so every inbound
+// connection goes to the proxy and the check's connections to the outbound port (where the check
+// at the proxy's start looks again, --fallback-port). ok is false when the rulesets use neither,
+// and v0.1.0 installs them as they are.
+func V010Rules(rulesets []Ruleset) (older []Ruleset, ok bool) {
+	for _, rs := range rulesets {
+		c := rs.Config
+		if c.InboundListening || c.CheckPort != 0 {
+			ok = true
+			c.InboundListening, c.CheckPort = false, 0
+		}
+		out, err := Build(c)
+		if err != nil { // less than rs's config, which built: unreachable
+			return nil, false
+		}
+		older = append(older, out)
+	}
+	return older, ok
+}
+
+// CheckInstalled is [Executor.Check], except that the namespace may hold another form of
+// rulesets that ADD installed, and how says which: their [InboundFallback] (where the kernel
+// refused the socket lookup), or [V010Rules] (a plugin older than the webhook that injected
+// the pod). It does not ask the kernel: the fallback carries its own comment, so a pod that fell
+// back passes after its node gained the lookup (an admin loaded the module) as before. Its error
+// is the difference from rulesets.
+func (e *Executor) CheckInstalled(ctx context.Context, nsPath string, rulesets ...Ruleset) (how Installed, err error) {
 	err = e.Check(ctx, nsPath, rulesets...)
 	if err == nil {
-		return false, nil
+		return AsBuilt, nil
 	}
 	if fallback, ok := InboundFallback(rulesets); ok && e.Check(ctx, nsPath, fallback...) == nil {
-		return true, nil
+		return InboundFallbackInstalled, nil
 	}
-	return false, err
+	if older, ok := V010Rules(rulesets); ok && e.Check(ctx, nsPath, older...) == nil {
+		return V010Installed, nil
+	}
+	return AsBuilt, err
 }
 
 // InboundLookupUsable reports whether the kernel does the socket lookup InboundListening needs,

@@ -84,14 +84,14 @@ func TestIntegrationApplyWithInboundFallback(t *testing.T) {
 				// What is in the namespace, read by the real tools: the fallback, the listening
 				// rules, or nothing.
 				check := iptables.NewExecutor(iptables.WithBackend(backend))
-				fellBack, cerr := check.CheckWithInboundFallback(ctx, ns.Path, rulesets...)
+				how, cerr := check.CheckInstalled(ctx, ns.Path, rulesets...)
 				switch {
-				case tc.fellBack && (cerr != nil || !fellBack):
-					t.Errorf("CheckWithInboundFallback = %v, %v; want the fallback accepted", fellBack, cerr)
+				case tc.fellBack && (cerr != nil || how != iptables.InboundFallbackInstalled):
+					t.Errorf("CheckInstalled = %v, %v; want the fallback accepted", how, cerr)
 				case tc.fellBack && check.Check(ctx, ns.Path, fallback...) != nil:
 					t.Errorf("the namespace does not hold the fallback: %v", check.Check(ctx, ns.Path, fallback...))
-				case !tc.fellBack && err == nil && (cerr != nil || fellBack):
-					t.Errorf("CheckWithInboundFallback = %v, %v; want the listening rules", fellBack, cerr)
+				case !tc.fellBack && err == nil && (cerr != nil || how != iptables.AsBuilt):
+					t.Errorf("CheckInstalled = %v, %v; want the listening rules", how, cerr)
 				case err != nil && cerr == nil:
 					t.Errorf("Apply failed (%v) but the namespace holds rules", err)
 				}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -335,7 +336,7 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 				continue
 			}
 		}
-		fellBack, err := c.exec.CheckWithInboundFallback(ctx, netns, rs)
+		how, err := c.exec.CheckInstalled(ctx, netns, rs)
 		var diff *iptables.DiffError
 		switch newer := injectedByNewer(a[annotations.Injected]); {
 		case err != nil && newer != "" && errors.As(err, &diff) && !diff.Missing:
@@ -345,8 +346,10 @@ func (c *checker) podRules(cmd *cobra.Command, file, netns string) {
 			c.warn("%s: %v; the pod was injected by detour %s, newer than this one (%s), whose rules this check cannot judge: run that release's detour check, or recreate the pod (kubectl rollout restart) to give it this release's rules", name, err, newer, version.Version)
 		case err != nil:
 			c.fail("%s: %v", name, err)
-		case fellBack:
+		case how == iptables.InboundFallbackInstalled:
 			c.warn("%s: the %s rules in %s are the fallback detour-cni installs where the kernel refuses the socket lookup of %s: listening — every inbound connection goes to the proxy, as with %s: all; load nft_socket (nftables backend) or xt_socket (iptables backends) on the node and recreate the pod", name, f, netns, annotations.RedirectInbound, annotations.InboundCapture)
+		case how == iptables.V010Installed:
+			c.warn("%s: the %s rules in %s are what detour-cni v0.1.0 installs for this pod, injected by detour %s: that plugin knows neither %s: listening nor %s, so every inbound connection goes to the proxy and the check's connections to its outbound port; the pod started while its node still ran v0.1.0's agent (an upgrade) — recreate it (kubectl rollout restart) once detour-node-agent runs this release on the node", name, f, netns, cmp.Or(a[annotations.Injected], "a newer release"), annotations.RedirectInbound, annotations.ValidatorCheckPort)
 		default:
 			c.ok("%s: the %s rules in %s are exactly what detour-cni installs", name, f, netns)
 		}

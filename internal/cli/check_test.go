@@ -296,15 +296,17 @@ func TestIntegrationCheckPodRulesInboundFallback(t *testing.T) {
 			if err != nil || !strings.Contains(out, "‼ Pod web: the ipv4 rules in "+ns.Path+" are the fallback detour-cni installs where the kernel refuses the socket lookup") {
 				t.Errorf("check of a pod that fell back (%s, the kernel here does the lookup): %v\n%s", backend, err, out)
 			}
-			// The same rules unmarked (a pod that asked for every connection) are not its rules.
+			// The same rules unmarked are not the fallback: they are what detour-cni v0.1.0,
+			// which knows no socket lookup, installs for the pod, and the check says so.
 			all := iptables.ConfigFromRedirect(r, iptables.IPv4)
 			all.InboundListening = false
 			plain, _ := iptables.Build(all)
 			if err := iptables.NewExecutor(iptables.WithBackend(backend)).Apply(context.Background(), ns.Path, plain); err != nil {
 				t.Fatal(err)
 			}
-			if out, _, err := run(t, "", "check", "--cni-conf-dir=", "--iptables-backend="+string(backend), "-f", podFile, "--netns", ns.Path); err == nil || !strings.Contains(out, "✗ Pod web") {
-				t.Errorf("check of a listening pod with every-connection rules: %v\n%s", err, out)
+			if out, _, err := run(t, "", "check", "--cni-conf-dir=", "--iptables-backend="+string(backend), "-f", podFile, "--netns", ns.Path); err != nil ||
+				!strings.Contains(out, "‼ Pod web: the ipv4 rules in "+ns.Path+" are what detour-cni v0.1.0 installs") || strings.Contains(out, "are the fallback") {
+				t.Errorf("check of a listening pod with unmarked every-connection rules: %v\n%s", err, out)
 			}
 		})
 	}
@@ -337,5 +339,53 @@ func TestIntegrationCheckPodCheckPort(t *testing.T) {
 	want := fmt.Sprintf("✗ Pod web: a container of the pod listens on the check port 4142 (detour.dev/validator-check-port) at 0.0.0.0:4142 (uid %d): the check at the proxy's next start will find it taken, exit 43", os.Getuid())
 	if out, _, err := run(t, "", args...); err == nil || !strings.Contains(out, want) {
 		t.Errorf("check with an app on the check port: %v, want %q\n%s", err, want, out)
+	}
+}
+
+// A pod injected with the socket lookup and the check port while its node still ran detour-cni
+// v0.1.0 (an upgrade: the webhook rolled before the node's agent) holds v0.1.0's rules: ‼ with
+// what that means and what to do, not a failure; anything else that differs stays ✗.
+func TestIntegrationCheckPodV010Rules(t *testing.T) {
+	r := annotations.Redirect{Version: "v1", ProxyUID: 2102, InboundPort: 4143, OutboundPort: 4140, CheckPort: 4142, InboundListening: true}
+	a := r.Annotations()
+	a[annotations.Injected] = "v0.2.0"
+	b, _ := yaml.Marshal(map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": map[string]any{"name": "web", "annotations": a}})
+	podFile := filepath.Join(t.TempDir(), "pod.yaml")
+	os.WriteFile(podFile, b, 0o644)
+	rulesets, err := iptables.BuildFamilies(r, iptables.IPv4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	older, ok := iptables.V010Rules(rulesets)
+	if !ok {
+		t.Fatal("V010Rules: the pod uses the lookup and the check port, want v0.1.0's form")
+	}
+	for _, tc := range []struct {
+		name    string
+		install []iptables.Ruleset
+		want    string
+	}{
+		{"v0.1.0's rules", older, "‼ Pod web: the ipv4 rules in"},
+		{"this release's", rulesets, "✓ Pod web: the ipv4 rules in"},
+		{"v0.1.0's with another outbound port", func() []iptables.Ruleset {
+			c := older[0].Config
+			c.OutboundPort = 5140
+			rs, _ := iptables.Build(c)
+			return []iptables.Ruleset{rs}
+		}(), "✗ Pod web: check ipv4 rules in"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetNS(t)
+			if err := iptables.NewExecutor().Apply(context.Background(), ns.Path, tc.install...); err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := run(t, "", "check", "--cni-conf-dir=", "-f", podFile, "--netns", ns.Path)
+			if !strings.Contains(out, tc.want) || (err == nil) == strings.HasPrefix(tc.want, "✗") {
+				t.Fatalf("check: %v, want %q\n%s", err, tc.want, out)
+			}
+			if strings.HasPrefix(tc.want, "‼") && !strings.Contains(out, "what detour-cni v0.1.0 installs for this pod, injected by detour v0.2.0") {
+				t.Errorf("the warning does not say whose rules they are:\n%s", out)
+			}
+		})
 	}
 }

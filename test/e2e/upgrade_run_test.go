@@ -71,21 +71,34 @@ func restarts(p *corev1.Pod) int32 {
 	return n
 }
 
+// upgradeStarting is how many created pods may be starting (created, not yet proven captured
+// or not) before the story skips a second: the node's pace, not the story's, decides how many
+// pods start at once. A 2-core machine started a pod a second within seconds on 2026-12-05 and
+// fell behind on 12-06 (5 s, then 40 s, then minutes: a hundred pods Pending for the node's 110),
+// so that the upgrade's helm --wait ran out of time for the load the story itself made.
+const upgradeStarting = 10
+
 // create creates an injected pod every second until ctx ends, each in a goroutine of its own
-// so that a slow admission does not slow the rate; every tenth pod is kept until the end (for
-// the checks after each step), the others are deleted once proven captured.
+// so that a slow admission does not slow the rate, but none while upgradeStarting pods are
+// still starting; every tenth pod is kept until the end (for the checks after each step), the
+// others are deleted once proven captured.
 func (u *upgradeRun) create(ctx context.Context) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	var inflight sync.WaitGroup
 	defer inflight.Wait()
-	for i := 0; ; i++ {
+	for i := 0; ; {
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
+		if n := u.starting(); n >= upgradeStarting {
+			u.count(time.Now(), figPaced, 1)
+			continue
+		}
 		name := fmt.Sprintf("up-%04d", i)
+		i++
 		p := u.e.Pod(name, upgradeNS)
 		keep := i%10 == 0
 		p.Labels[upgradeLabel] = map[bool]string{true: "keep", false: "created"}[keep]
@@ -99,6 +112,11 @@ func (u *upgradeRun) create(ctx context.Context) {
 			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 			defer cancel()
 			_, err := u.quiet.CoreV1().Pods(upgradeNS).Create(cctx, p, metav1.CreateOptions{})
+			if err != nil {
+				u.mu.Lock()
+				u.pods[name].verdict = "not created" // nothing starts
+				u.mu.Unlock()
+			}
 			switch {
 			case err == nil:
 				u.count(now, figCreated, 1)
@@ -111,6 +129,19 @@ func (u *upgradeRun) create(ctx context.Context) {
 			}
 		}()
 	}
+}
+
+// starting counts the pods created, or being created, whose capture is not decided yet.
+func (u *upgradeRun) starting() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	n := 0
+	for _, cp := range u.pods {
+		if cp.verdict == "" || cp.verdict == "pending" {
+			n++
+		}
+	}
+	return n
 }
 
 // watch follows the namespace's pods: a created pod's injection is recorded when first seen,
@@ -143,6 +174,9 @@ func (u *upgradeRun) observe(p *corev1.Pod) {
 	folded := framework.ChecksAtProxyStart(p)
 	if first {
 		cp.injected = p.Annotations[annotations.Injected]
+		if cp.injected == "" {
+			cp.verdict = "not injected" // no capture to prove
+		}
 	}
 	caught := !cp.caught && framework.CheckExit(p) == int(validator.ExitNoRedirect)
 	cp.caught = cp.caught || caught

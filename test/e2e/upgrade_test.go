@@ -166,6 +166,7 @@ type createdPod struct {
 // The figures, in the table's order; those in mustBeZero fail the story when not 0.
 const (
 	figCreated      = "pods created in the opted-in namespace (one a second)"
+	figPaced        = "seconds without a pod created: 10 were still starting (the node's pace)"
 	figByPrevious   = "of them injected by the previous release's webhook"
 	figByCurrent    = "of them injected by the working tree's webhook"
 	figFolded       = "of them with the check at the proxy's start (image volume)"
@@ -193,7 +194,7 @@ const (
 )
 
 var upgradeFigureOrder = []string{
-	figCreated, figByPrevious, figByCurrent, figFolded, figInitCheck, figCaptured, figBypassed, figUnverified, figCaught, figNeverReady,
+	figCreated, figPaced, figByPrevious, figByCurrent, figFolded, figInitCheck, figCaptured, figBypassed, figUnverified, figCaught, figNeverReady,
 	figSandbox, figRefused, figCreateErrors, figUninjected, figRequests, figFailed, figNoBackend, figChecked, figCheckFailed, figCheckedByInstalled, figInstalledCheckFailed, figClusterCheck,
 }
 

@@ -86,7 +86,15 @@ func TestNetpolCilium(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "with-detour-proxies.log"), []byte(proxyLog.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rows := upstream.CompareNetpol(without, with, rec.Pods(), rec.Services(), lines)
+	var verdicts []upstream.CiliumVerdict
+	for _, n := range e.Node.Nodes() {
+		b, err := os.ReadFile(filepath.Join(dir, "with-detour-cilium-monitor-"+n.Name+".log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		verdicts = append(verdicts, upstream.ParseCiliumVerdicts(string(b))...)
+	}
+	rows := upstream.CompareNetpol(without, with, rec.Pods(), rec.Services(), lines, verdicts)
 	c := upstream.Count(rec.Pods())
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Kubernetes' NetworkPolicy tests on Cilium, with and without detour\n\n")

@@ -3,8 +3,10 @@ package upstream
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -222,6 +224,11 @@ type NetpolWire struct {
 	// the allowed pairs it never did, and Untried the denied pairs it never tried.
 	AllowedCarried   int
 	Missing, Untried []string
+	// CiliumDenied are the Missing pairs whose client's connections Cilium denied, judging the
+	// server as the endpoint it manages (its pod's identity), in its policy verdicts: a policy
+	// that allows the pair only by ipBlock never selects a pod Cilium manages
+	// (cilium/cilium#19601), whoever in the client's pod connects (NetpolStep.ReadCilium).
+	CiliumDenied []string
 }
 
 // NetpolDialTimeout is how long the e2e's test proxy waits for its own connection to a
@@ -269,7 +276,47 @@ func (w NetpolWire) String() string {
 	if len(w.Missing) > 0 {
 		s += "; allowed pairs never carried: " + strings.Join(w.Missing, ", ")
 	}
+	if len(w.CiliumDenied) > 0 {
+		s += "; of them denied by Cilium, which judged the server by its pod's identity (an ipBlock does not select a pod Cilium manages, cilium/cilium#19601): " + strings.Join(w.CiliumDenied, ", ")
+	}
 	return s
+}
+
+// CiliumsOwn reports whether what keeps the wire from showing the policies holding is only
+// allowed pairs that Cilium itself denied as endpoints (CiliumDenied): the same verdict it gives
+// the client's own connections, with or without a proxy in the pod.
+func (w NetpolWire) CiliumsOwn() bool {
+	return len(w.Missing) > 0 && len(w.CiliumDenied) == len(w.Missing) &&
+		len(w.Leaks) == 0 && len(w.NotInForce) == 0 && len(w.Untried) == 0
+}
+
+// ReadCilium sets w.CiliumDenied from Cilium's policy verdicts of the run: for each allowed pair
+// never carried, whether Cilium denied every connection from the client's pod to the server's pod
+// on the step's port, judging the server by its pod's identity. The verdicts carry no time; a
+// pair's two pod IPs and port are the test's own while its pods live.
+func (s *NetpolStep) ReadCilium(w *NetpolWire, pods []Pod, verdicts []CiliumVerdict) {
+	w.CiliumDenied = nil
+	port, err := strconv.ParseUint(s.Port, 10, 16)
+	if err != nil {
+		return
+	}
+	ipOf := map[string]netip.Addr{}
+	for _, p := range pods {
+		if a, err := netip.ParseAddr(p.IP); err == nil {
+			ipOf[p.Namespace+"/"+p.Name] = a
+		}
+	}
+	for _, pair := range w.Missing {
+		from, to, _ := strings.Cut(pair, " -> ")
+		src, ok1 := ipOf[from]
+		dst, ok2 := ipOf[to]
+		if !ok1 || !ok2 {
+			continue
+		}
+		if remote, n, ok := ciliumDeniedByIdentity(verdicts, src, dst, uint16(port)); ok {
+			w.CiliumDenied = append(w.CiliumDenied, fmt.Sprintf("%s (%d SYNs of %s to %s denied, the server judged as identity %d)", pair, n, src, netip.AddrPortFrom(dst, uint16(port)), remote))
+		}
+	}
 }
 
 // Wire checks a step against the proxies' logs: pods and services are the Recorder's (for
@@ -425,13 +472,13 @@ func (r NetpolRow) Regression() bool {
 	if r.Without.Status != StatusPassed || r.With.Status == StatusPassed {
 		return false
 	}
-	return r.Step == nil || r.WireErr != "" || (!r.Wire.Held() && !r.Late()) || r.WrongBlocked() > 0
+	return r.Step == nil || r.WireErr != "" || (!r.Wire.Held() && !r.Late() && !r.Wire.CiliumsOwn()) || r.WrongBlocked() > 0
 }
 
 // CompareNetpol lines up two runs of the NetworkPolicy tests and reads, for each test that
 // failed with detour only, its step and the proxies' logs (pods and services from the
 // Recorder).
-func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines []LogLine) []NetpolRow {
+func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines []LogLine, verdicts []CiliumVerdict) []NetpolRow {
 	var rows []NetpolRow
 	for _, r := range Compare(without, with) {
 		row := NetpolRow{Row: r}
@@ -446,8 +493,11 @@ func CompareNetpol(without, with []Result, pods []Pod, services []Service, lines
 				row.WithoutStep, _ = ParseNetpolRetry(r.Without.Output)
 				if row.Wire, err = step.Wire(pods, services, lines); err != nil {
 					row.WireErr = err.Error()
-				} else if row.Wire.Held() && row.WrongBlocked() == 0 {
-					row.Exception = netpolException
+				} else {
+					step.ReadCilium(&row.Wire, pods, verdicts)
+					if row.Wire.Held() && row.WrongBlocked() == 0 {
+						row.Exception = netpolException
+					}
 				}
 			}
 		}
@@ -461,7 +511,7 @@ func NetpolTable(rows []NetpolRow) string {
 	var b strings.Builder
 	b.WriteString("| test | without detour | with detour | through the proxies, at the step it failed at |\n|---|---|---|---|\n")
 	count := map[string]map[Status]int{"without": {}, "with": {}}
-	held, late := 0, 0
+	held, late, cilium := 0, 0, 0
 	for _, r := range rows {
 		count["without"][r.Without.Status]++
 		count["with"][r.With.Status]++
@@ -487,6 +537,9 @@ func NetpolTable(rows []NetpolRow) string {
 			if r.Late() {
 				late++
 			}
+			if r.Wire.CiliumsOwn() {
+				cilium++
+			}
 		}
 		esc := func(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
 		fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", esc(r.Name), esc(cell(r.Without)), esc(with), esc(wire))
@@ -494,6 +547,6 @@ func NetpolTable(rows []NetpolRow) string {
 	total := func(c map[Status]int) string {
 		return fmt.Sprintf("%d passed, %d failed, %d skipped", c[StatusPassed], c[StatusFailed]+c[StatusMissing], c[StatusSkipped])
 	}
-	fmt.Fprintf(&b, "| **%d tests** | %s | %s | held in %d, late in both runs in %d |\n", len(rows), total(count["without"]), total(count["with"]), held, late)
+	fmt.Fprintf(&b, "| **%d tests** | %s | %s | held in %d, late in both runs in %d, allowed pairs denied by Cilium's own verdict in %d |\n", len(rows), total(count["without"]), total(count["with"]), held, late, cilium)
 	return b.String()
 }

@@ -39,9 +39,11 @@ func InboundFallback(rulesets []Ruleset) (fallback []Ruleset, ok bool) {
 // runtime retries the sandbox: a pod that fell back keeps every inbound connection redirected
 // for its sandbox's life, a permanent change that a passing error must not cause.
 func (e *Executor) ApplyWithInboundFallback(ctx context.Context, nsPath string, rulesets ...Ruleset) (refused, err error) {
-	err = e.Apply(ctx, nsPath, rulesets...)
+	if err = e.Apply(ctx, nsPath, rulesets...); err == nil || IsLockTimeout(err) {
+		return nil, err
+	}
 	fallback, ok := InboundFallback(rulesets)
-	if err == nil || !ok || IsLockTimeout(err) {
+	if !ok {
 		return nil, err
 	}
 	if err = e.Apply(ctx, nsPath, rulesets...); err == nil || IsLockTimeout(err) {

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/cniplugin"
+	"github.com/detourmesh/detour/internal/podevent"
 )
 
 // FallbackEventReason is the reason of the Warning Event on a pod whose sandbox got every
@@ -27,7 +27,7 @@ const FallbackEventReason = "DetourInboundFallback"
 // detour-cni records in its state directory (cniplugin.FallbackRecord) and takes away at DEL:
 // once per sandbox, a Warning Event on the pod and the annotation
 // [annotations.InboundFallback] on it (the pod's own detour.dev/redirect-inbound still says
-// listening); and, at each scrape, detour_cni_inbound_fallback_pods.
+// listening); and detour_cni_inbound_fallback_pods, as the last pass counted.
 type FallbackReporter struct {
 	client   kubernetes.Interface
 	stateDir string
@@ -35,15 +35,17 @@ type FallbackReporter struct {
 	log      *slog.Logger
 
 	mu sync.Mutex
-	// done holds the container IDs of the records told about, or whose pod is gone (a record
-	// whose DEL was lost); they are not counted as running pods.
-	done map[string]bool
-	gone map[string]bool
+	// told holds the container IDs of the records told about, true for those whose pod is
+	// gone (a record whose DEL was lost, not counted as a running pod).
+	told map[string]bool
+	// pods is the number of records of running pods the last pass found; -1 before a pass, or
+	// when it could read no record.
+	pods int
 }
 
 // NewFallbackReporter returns the reporter for the plugin's state directory stateDir on node.
 func NewFallbackReporter(client kubernetes.Interface, stateDir, node string, log *slog.Logger) *FallbackReporter {
-	return &FallbackReporter{client: client, stateDir: stateDir, node: node, log: log, done: map[string]bool{}, gone: map[string]bool{}}
+	return &FallbackReporter{client: client, stateDir: stateDir, node: node, log: log, told: map[string]bool{}, pods: -1}
 }
 
 // Run reports now and every interval until ctx ends.
@@ -68,35 +70,41 @@ func (r *FallbackReporter) Report(ctx context.Context) {
 		r.log.Warn("cannot read every inbound fallback record of the plugin", "err", err)
 	}
 	present := map[string]bool{}
+	pods := 0
 	for _, rec := range records {
 		present[rec.ContainerID] = true
 		r.mu.Lock()
-		done := r.done[rec.ContainerID]
+		gone, told := r.told[rec.ContainerID]
 		r.mu.Unlock()
-		if done {
-			continue
+		if !told {
+			var err error
+			if gone, err = r.tell(ctx, rec); err != nil {
+				r.log.Warn("cannot report a pod's inbound fallback; trying again (the agent's service account needs get and patch on pods, create on events)",
+					"pod", rec.Namespace+"/"+rec.Name, "err", err)
+			} else {
+				r.mu.Lock()
+				r.told[rec.ContainerID] = gone
+				r.mu.Unlock()
+				if !gone {
+					r.log.Warn("a pod got every inbound connection redirected: the kernel refused the socket lookup", "pod", rec.Namespace+"/"+rec.Name, "refusal", rec.Refusal)
+				}
+			}
 		}
-		gone, err := r.tell(ctx, rec)
-		if err != nil {
-			r.log.Warn("cannot report a pod's inbound fallback; trying again (the agent's service account needs get and patch on pods, create on events)",
-				"pod", rec.Namespace+"/"+rec.Name, "err", err)
-			continue
-		}
-		r.mu.Lock()
-		r.done[rec.ContainerID], r.gone[rec.ContainerID] = true, gone
-		r.mu.Unlock()
 		if !gone {
-			r.log.Warn("a pod got every inbound connection redirected: the kernel refused the socket lookup", "pod", rec.Namespace+"/"+rec.Name, "refusal", rec.Refusal)
+			pods++
 		}
 	}
 	r.mu.Lock()
-	for id := range r.done {
+	defer r.mu.Unlock()
+	for id := range r.told {
 		if !present[id] {
-			delete(r.done, id)
-			delete(r.gone, id)
+			delete(r.told, id)
 		}
 	}
-	r.mu.Unlock()
+	r.pods = pods
+	if err != nil && len(records) == 0 {
+		r.pods = -1
+	}
 }
 
 // tell puts rec's Event and annotation on its pod; gone reports a pod that is no longer there
@@ -125,25 +133,8 @@ func (r *FallbackReporter) tell(ctx context.Context, rec cniplugin.FallbackRecor
 		}
 	}
 	// One Event per sandbox, named after it: an agent that restarts creates none twice.
-	suffix := ".inbound-fallback." + shortID(rec.ContainerID)
-	name := rec.Name[:min(len(rec.Name), 253-len(suffix))] + suffix // an Event name is at most 253 characters
-	at := metav1.NewTime(rec.Time)
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rec.Namespace},
-		InvolvedObject: corev1.ObjectReference{
-			Kind: "Pod", APIVersion: "v1", Namespace: rec.Namespace, Name: rec.Name, UID: pod.UID,
-		},
-		Reason:              FallbackEventReason,
-		Message:             msg,
-		Type:                corev1.EventTypeWarning,
-		Source:              corev1.EventSource{Component: "detour-node-agent", Host: r.node},
-		FirstTimestamp:      at,
-		LastTimestamp:       at,
-		Count:               1,
-		Action:              "SetUpSandbox",
-		ReportingController: "detour.dev/node-agent",
-		ReportingInstance:   "detour-node-agent-" + r.node,
-	}
+	src := podevent.Source{Component: "detour-node-agent", Controller: "detour.dev/node-agent", Node: r.node}
+	ev := podevent.Warning(src, pod, rec.Time, FallbackEventReason, "SetUpSandbox", msg, "inbound-fallback."+shortID(rec.ContainerID))
 	if _, err := r.client.CoreV1().Events(rec.Namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return false, fmt.Errorf("record the event: %w", err)
 	}
@@ -161,21 +152,13 @@ var descFallbackPods = prometheus.NewDesc("detour_cni_inbound_fallback_pods",
 // Describe implements prometheus.Collector.
 func (r *FallbackReporter) Describe(ch chan<- *prometheus.Desc) { ch <- descFallbackPods }
 
-// Collect implements prometheus.Collector: the records in the state directory, but those whose
-// pod the reporter found gone.
+// Collect implements prometheus.Collector: the records of running pods the last pass found
+// (none before the first pass, or when it could read no record).
 func (r *FallbackReporter) Collect(ch chan<- prometheus.Metric) {
-	records, err := cniplugin.ReadFallbacks(r.stateDir)
-	if err != nil && len(records) == 0 {
-		r.log.Warn("cannot read the plugin's inbound fallback records; leaving detour_cni_inbound_fallback_pods out of this scrape", "err", err)
-		return
-	}
-	n := 0
 	r.mu.Lock()
-	for _, rec := range records {
-		if !r.gone[rec.ContainerID] {
-			n++
-		}
-	}
+	n := r.pods
 	r.mu.Unlock()
-	ch <- prometheus.MustNewConstMetric(descFallbackPods, prometheus.GaugeValue, float64(n))
+	if n >= 0 {
+		ch <- prometheus.MustNewConstMetric(descFallbackPods, prometheus.GaugeValue, float64(n))
+	}
 }

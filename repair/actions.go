@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/podevent"
 	"github.com/detourmesh/detour/validator"
 )
 
@@ -111,28 +112,9 @@ func (c *Controller) event(ctx context.Context, pod *corev1.Pod, action, msg str
 // record creates a Warning Event on pod at time at, named after the pod and suffix; a failure
 // is counted.
 func (c *Controller) record(ctx context.Context, pod *corev1.Pod, at time.Time, reason, action, msg, suffix string) error {
-	now := metav1.NewTime(at)
-	prefix := pod.Name
-	if max := 253 - 1 - len(suffix); len(prefix) > max { // an Event name is at most 253 characters
-		prefix = prefix[:max]
-	}
-	ev := &corev1.Event{
-		ObjectMeta: metav1.ObjectMeta{Name: prefix + "." + suffix, Namespace: pod.Namespace},
-		InvolvedObject: corev1.ObjectReference{
-			Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID,
-			FieldPath: "spec.initContainers{" + validator.CheckContainer(pod) + "}",
-		},
-		Reason:              reason,
-		Message:             msg,
-		Type:                corev1.EventTypeWarning,
-		Source:              corev1.EventSource{Component: Component, Host: c.cfg.NodeName},
-		FirstTimestamp:      now,
-		LastTimestamp:       now,
-		Count:               1,
-		Action:              action,
-		ReportingController: "detour.dev/repair",
-		ReportingInstance:   Component + "-" + c.cfg.NodeName,
-	}
+	src := podevent.Source{Component: Component, Controller: "detour.dev/repair", Node: c.cfg.NodeName}
+	ev := podevent.Warning(src, pod, at, reason, action, msg, suffix)
+	ev.InvolvedObject.FieldPath = "spec.initContainers{" + validator.CheckContainer(pod) + "}"
 	_, err := c.client.CoreV1().Events(pod.Namespace).Create(ctx, ev, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		c.metrics.Errors.WithLabelValues(ActionEvent).Inc()

@@ -93,7 +93,7 @@ func (u *upgradeRun) create(ctx context.Context) {
 			return
 		case <-tick.C:
 		}
-		if n := u.starting(); n >= upgradeStarting {
+		if u.starting() >= upgradeStarting {
 			u.count(time.Now(), figPaced, 1)
 			continue
 		}

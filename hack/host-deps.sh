@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the privileged tests and the demo use, when they are missing:
 # iptables (both the legacy and nft backends) and iproute2; nftables, whose nft command the real
-# node's kube-proxy runs; mmdebstrap, which builds the userland of Kubernetes' test images; and
-# libseccomp-dev, which the real node's runc build needs. With DETOUR_HOST_DEPS=cluster (make
-# e2e-cluster) also clang and LLVM 19, with which cilium-agent compiles its BPF programs at start
-# (Cilium 1.20 needs LLVM 18 or later; its own image has 19.1.7); make test and CI do not install
-# them. Needs root to install; without root it only reports what is missing, and the privileged
+# node's kube-proxy runs; mmdebstrap, which builds the userland of Kubernetes' test images;
+# libseccomp-dev, which the real node's runc build needs; and haproxy, the production proxy of
+# the HAProxy test image (its service is stopped and disabled: only the binary is used). With
+# DETOUR_HOST_DEPS=cluster (make e2e-cluster) also clang and LLVM 19, with which cilium-agent
+# compiles its BPF programs at start (Cilium 1.20 needs LLVM 18 or later; its own image has
+# 19.1.7); make test and CI do not install them. Needs root to install; without root it only reports what is missing, and the privileged
 # tests then skip (or fail, when required).
 set -euo pipefail
 
@@ -17,6 +18,8 @@ command -v ip >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v ip >/dev/
 command -v nft >/dev/null 2>&1 || PATH=$PATH:/usr/sbin:/sbin command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
 [ -e /usr/include/seccomp.h ] || missing+=(libseccomp-dev)
+# The HAProxy test image carries its binary and libraries (test/images/haproxy.go).
+[ -x /usr/sbin/haproxy ] || missing+=(haproxy)
 if [ "${DETOUR_HOST_DEPS:-}" = cluster ]; then
 	# The agent runs clang from PATH: test/e2e/framework/cilium.go puts /usr/lib/llvm-19/bin first.
 	[ -x /usr/lib/llvm-19/bin/clang ] || missing+=(clang-19)
@@ -35,3 +38,8 @@ echo "host-deps: installing $pkgs" >&2
 export DEBIAN_FRONTEND=noninteractive
 apt-get install -y --no-install-recommends $pkgs >/dev/null 2>&1 ||
 	{ apt-get update >/dev/null && apt-get install -y --no-install-recommends $pkgs >/dev/null; }
+case " $pkgs" in
+*" haproxy "*)
+	if [ -d /run/systemd/system ]; then systemctl disable --now haproxy >/dev/null 2>&1 || true; fi
+	;;
+esac

@@ -115,6 +115,13 @@ type Proxy struct {
 	// configuration says otherwise), so that it passes the restricted Pod Security Standard
 	// whatever the pod sets.
 	SeccompProfile corev1.SeccompProfile
+	// Volumes are added to every injected pod and VolumeMounts mount them in the proxy: its
+	// configuration, identity token, state directory ([File.completeProxyVolumes]).
+	Volumes      []corev1.Volume
+	VolumeMounts []corev1.VolumeMount
+	// Lifecycle is the proxy's own hooks; a postStart hook leaves the start gate to the
+	// startup probe (detour's gate is a postStart hook).
+	Lifecycle *corev1.Lifecycle
 	// StartGate is what holds a pod's next containers until the proxy (a native sidecar whose
 	// check runs at its start) has started: its startup probe, or a postStart hook of detour's
 	// binary that asks the same; auto decides per pod ([Config.startGate]).
@@ -207,6 +214,12 @@ type ProxyFile struct {
 	SeccompProfile *corev1.SeccompProfile `json:"seccompProfile,omitempty"`
 	// StartGate: "auto" (the default), "probe" or "hook".
 	StartGate string `json:"startGate,omitempty"`
+	// Volumes: configMap, downwardAPI, emptyDir, projected or secret volumes added to every
+	// injected pod; VolumeMounts mount them in the proxy.
+	Volumes      []corev1.Volume      `json:"volumes,omitempty"`
+	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
+	// Lifecycle: the proxy's own postStart and preStop hooks.
+	Lifecycle *corev1.Lifecycle `json:"lifecycle,omitempty"`
 }
 
 // ValidatorFile is the validator section of [File].
@@ -325,6 +338,7 @@ func (f *File) complete() (*Config, error) {
 	}
 	c := &Config{}
 	f.completeProxy(c, check)
+	f.completeProxyVolumes(c, check)
 	f.completeValidator(c, check)
 	f.completeStartGate(c, check)
 	f.completeInitEgress(c, check)
@@ -507,6 +521,9 @@ func (c *Config) hookBlocker() string {
 	}
 	if c.Proxy.StartupProbe.GRPC != nil {
 		return "proxy.startupProbe is a grpc probe, which the start gate's hook does not ask (it asks tcpSocket and httpGet probes)"
+	}
+	if c.Proxy.Lifecycle != nil && c.Proxy.Lifecycle.PostStart != nil {
+		return "proxy.lifecycle.postStart is the proxy's own hook, and a container has one (the start gate's hook is a postStart hook)"
 	}
 	return ""
 }

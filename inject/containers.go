@@ -77,6 +77,7 @@ func proxyContainer(cfg *Config) corev1.Container {
 		ReadinessProbe:           p.ReadinessProbe.DeepCopy(),
 		LivenessProbe:            p.LivenessProbe.DeepCopy(),
 		StartupProbe:             p.StartupProbe.DeepCopy(),
+		Lifecycle:                p.Lifecycle.DeepCopy(),
 		SecurityContext:          restricted(p.UID, p.GID, p.SeccompProfile),
 		TerminationMessagePath:   terminationMessagePath,
 		TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,

@@ -163,7 +163,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		unknown = append(unknown, fmt.Sprintf("detour: the annotations %s of namespace %q are not ones detour reads, so they have no effect; docs/annotations.md lists the keys", s, namespace))
 	}
 	if reason != "" {
-		res := skip(pod, reason)
+		res := skip(pod, cfg, reason)
 		res.Warnings = append(unknown, res.Warnings...)
 		return res, nil
 	}
@@ -173,7 +173,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	}
 
 	wasInjected := annotations.IsInjected(pod.Annotations)
-	removed := strip(pod)
+	removed := strip(pod, cfg)
 	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer, Warnings: unknown}
 	if !wasInjected {
 		for _, name := range removed.containers {
@@ -266,6 +266,9 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	}
 
 	proxy := proxyContainer(cfg)
+	if err := addProxyVolumes(pod, &proxy, cfg); err != nil {
+		return res, err
+	}
 	switch {
 	case res.Validator == annotations.ValidatorImageVolume:
 		// The check runs in the proxy's own start: no validator container.
@@ -384,9 +387,9 @@ func optInSkipReason(mode annotations.InjectMode) string {
 // act on a forged injected marker or exemption), nor detour's containers: a pod injected
 // offline (detour inject) but created where detour does not inject it would keep a validator
 // that fails for ever, since no rules are installed for it, and a proxy nothing sends to.
-func skip(pod *corev1.Pod, reason string) Result {
+func skip(pod *corev1.Pod, cfg *Config, reason string) Result {
 	res := Result{Outcome: Skipped, Reason: reason}
-	removed := strip(pod)
+	removed := strip(pod, cfg)
 	if len(removed.containers) > 0 {
 		quoted := make([]string, len(removed.containers))
 		for i, n := range removed.containers {
@@ -411,9 +414,10 @@ type stripped struct {
 }
 
 // strip removes a previous injection: the containers and the volume with detour's reserved
-// names, the image volumes label the webhook selected, and every webhook-written annotation
-// (including values a pod author forged).
-func strip(pod *corev1.Pod) stripped {
+// names, the proxy's volumes of cfg where detour injected the pod, the image volumes label the
+// webhook selected, and every webhook-written annotation (including values a pod author
+// forged).
+func strip(pod *corev1.Pod, cfg *Config) stripped {
 	var removed stripped
 	ours := func(c corev1.Container) bool {
 		if c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer {
@@ -424,14 +428,16 @@ func strip(pod *corev1.Pod) stripped {
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
+	injected := annotations.IsInjected(pod.Annotations)
 	pod.Spec.Volumes = slices.DeleteFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
 		removed.volume = removed.volume || v.Name == annotations.ValidatorVolume
-		return v.Name == annotations.ValidatorVolume
+		return v.Name == annotations.ValidatorVolume ||
+			injected && slices.ContainsFunc(cfg.Proxy.Volumes, func(p corev1.Volume) bool { return p.Name == v.Name })
 	})
 	if len(pod.Spec.Volumes) == 0 {
 		pod.Spec.Volumes = nil
 	}
-	if annotations.IsInjected(pod.Annotations) {
+	if injected {
 		// The webhook's own selector; a pod detour never injected keeps one its author wrote.
 		delete(pod.Spec.NodeSelector, annotations.ImageVolumesLabel)
 		if len(pod.Spec.NodeSelector) == 0 {

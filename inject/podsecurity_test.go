@@ -37,11 +37,22 @@ func TestInjectedPodsPassRestricted(t *testing.T) {
 	configs := map[string]*Config{}
 	for _, sidecar := range []string{"container", "native"} {
 		for _, seccomp := range []string{"", "seccompProfile: {type: Localhost, localhostProfile: profiles/proxy.json}"} {
+			// The configurations with a Localhost profile also carry what a production proxy
+			// needs (proxyKit): its volumes, downward-API env and hooks.
+			kit := ""
+			if seccomp != "" {
+				kit = proxyKit
+			}
 			cfg, err := ParseConfig([]byte(fmt.Sprintf(`
-proxy: {image: proxy:test, command: [proxy], startupProbe: {tcpSocket: {port: 4191}}, %s}
+proxy:
+  image: proxy:test
+  command: [proxy]
+  startupProbe: {tcpSocket: {port: 4191}}
+  %s
+%s
 validator: {image: "detour:test", %s}
 sidecarMode: %s
-`, seccomp, seccomp, sidecar)))
+`, seccomp, kit, seccomp, sidecar)))
 			if err != nil {
 				t.Fatal(err)
 			}

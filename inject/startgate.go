@@ -77,9 +77,12 @@ func hookGate(proxy *corev1.Container, cfg *Config) {
 	// long for the hook, which then reports the check's message.
 	dash := slices.Index(proxy.Command, "--")
 	proxy.Command = slices.Insert(proxy.Command, dash, "--hook-wait="+HookWait.String())
-	proxy.Lifecycle = &corev1.Lifecycle{PostStart: &corev1.LifecycleHandler{
+	if proxy.Lifecycle == nil { // the proxy's own preStop stays
+		proxy.Lifecycle = &corev1.Lifecycle{}
+	}
+	proxy.Lifecycle.PostStart = &corev1.LifecycleHandler{
 		Exec: &corev1.ExecAction{Command: WaitProxyCommand(cfg)},
-	}}
+	}
 }
 
 // WaitProxyCommand is the start gate's hook for cfg: `detour wait-proxy` from the image volume,

@@ -34,6 +34,8 @@ type Refs struct {
 	// Workload, WorkloadNumeric and WorkloadNamed run the workload program; their image USER
 	// is unset (root), "1500", and "app" (1600:1600 in the image's own /etc/passwd).
 	Workload, WorkloadNumeric, WorkloadNamed string
+	// HAProxy runs HAProxy, a production proxy, on detour's default ports (HAProxyConfig).
+	HAProxy string
 }
 
 // DefaultRefs are the references Build tags the images with.
@@ -43,6 +45,7 @@ var DefaultRefs = Refs{
 	Workload:        "detour.test/workload:1",
 	WorkloadNumeric: "detour.test/workload-numeric:1",
 	WorkloadNamed:   "detour.test/workload-named:1",
+	HAProxy:         "detour.test/haproxy:2.6",
 }
 
 // Built is the result of Build: one tarball with every test image, and the programs' static
@@ -80,8 +83,14 @@ func Build(ctx context.Context, outDir string) (*Built, error) {
 	if err := buildPrograms(ctx, filepath.Join(outDir, "bin")); err != nil {
 		return nil, err
 	}
+	all := specs(b)
+	haproxy, err := haproxySpec(b.Refs.HAProxy)
+	if err != nil {
+		return nil, fmt.Errorf("build test image %s: %w", b.Refs.HAProxy, err)
+	}
+	all[b.Refs.HAProxy] = haproxy
 	imgs := map[string]v1.Image{}
-	for ref, spec := range specs(b) {
+	for ref, spec := range all {
 		img, err := image.Build(spec)
 		if err != nil {
 			return nil, fmt.Errorf("build test image %s: %w", ref, err)

@@ -149,12 +149,50 @@ func TestBuild(t *testing.T) {
 		tags = append(tags, d.RepoTags...)
 	}
 	sort.Strings(tags)
-	want := []string{"detour.test/pause:1", "detour.test/proxy:1", "detour.test/workload-named:1", "detour.test/workload-numeric:1", "detour.test/workload:1"}
+	want := []string{"detour.test/haproxy:2.6", "detour.test/pause:1", "detour.test/proxy:1", "detour.test/workload-named:1", "detour.test/workload-numeric:1", "detour.test/workload:1"}
 	if !reflect.DeepEqual(tags, want) {
 		t.Errorf("manifest.json RepoTags %q, want %q", tags, want)
 	}
 
 	t.Run("programs", func(t *testing.T) { testPrograms(t, b) })
+
+	// HAProxy: the host's binary, every library it links and the loader, and its configuration.
+	tag, _ := name.NewTag(b.Refs.HAProxy)
+	img, err := tarball.ImageFromPath(b.Tarball, &tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := imageFiles(t, img)
+	libs, err := sharedLibraries(HAProxyBinary)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range append(libs, HAProxyBinary) {
+		host, _ := os.ReadFile(p)
+		if f, ok := files[p]; !ok || f.content != string(host) {
+			t.Errorf("the HAProxy image lacks %s as on the host", p)
+		}
+	}
+	if files[HAProxyConfigPath].content != string(HAProxyConfig) {
+		t.Errorf("the HAProxy image's %s is not HAProxyConfig", HAProxyConfigPath)
+	}
+	if cf, err := img.ConfigFile(); err != nil || !reflect.DeepEqual(cf.Config.Entrypoint, []string{HAProxyBinary, "-db", "-f", HAProxyConfigPath}) || cf.Config.User != "" {
+		t.Errorf("the HAProxy image's config: %+v, %v", cf, err)
+	}
+}
+
+func TestParseLdd(t *testing.T) {
+	out := "\tlinux-vdso.so.1 (0x00007ffd)\n\tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007f)\n\t/lib64/ld-linux-x86-64.so.2 (0x00007f)\n"
+	libs, err := parseLdd([]byte(out))
+	if want := []string{"/lib/x86_64-linux-gnu/libc.so.6", "/lib64/ld-linux-x86-64.so.2"}; err != nil || !reflect.DeepEqual(libs, want) {
+		t.Errorf("parseLdd = %q, %v; want %q", libs, err, want)
+	}
+	if _, err := parseLdd([]byte("\tlibfoo.so.1 => not found\n")); err == nil || !strings.Contains(err.Error(), "libfoo.so.1 not found") {
+		t.Errorf("a missing library: %v", err)
+	}
+	if _, err := parseLdd([]byte("\tnot a dynamic executable\n")); err == nil {
+		t.Error("no library: no error")
+	}
 }
 
 // testPrograms runs the built binaries as a container runtime would: their exit codes, and a

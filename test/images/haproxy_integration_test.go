@@ -1,0 +1,216 @@
+package images
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/inject"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/testenv"
+)
+
+// TestIntegrationHAProxy checks HAProxy, with the configuration of the HAProxy image, against
+// what detour needs of a proxy (docs/proxy-contract.md), behind detour's own rules in a pod-like
+// network namespace, running as the proxy UID:
+//   - an IPv4 app connection goes to its original destination, which HAProxy's log names;
+//   - an inbound IPv4 connection reaches the app on the pod's address;
+//   - an IPv6 connection, whose original destination HAProxy 2.6 cannot read, is reset, and
+//     HAProxy does not connect to itself (the loop its 0.0.0.0:0 server would make);
+//   - /ready answers with the downward API's values, /identity serves the token file;
+//   - SIGTERM ends it.
+func TestIntegrationHAProxy(t *testing.T) {
+	testenv.Privileged(t)
+	if _, err := os.Stat(HAProxyBinary); err != nil {
+		t.Fatalf("%s: %v (bash hack/host-deps.sh installs Debian's haproxy package)", HAProxyBinary, err)
+	}
+	const appUID, proxyUID = 1500, inject.DefaultProxyUID
+	ctx := context.Background()
+	dir, err := os.MkdirTemp("", "detour-haproxy-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	built, err := Build(ctx, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The volumes the webhook mounts: a writable run directory and the identity token.
+	runDir, token := filepath.Join(dir, "run"), filepath.Join(dir, "token")
+	if err := os.Mkdir(runDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(runDir, 0o777)
+	if err := os.WriteFile(token, []byte("token-for-mesh.example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := strings.NewReplacer("/run/haproxy/", runDir+"/", "/var/run/secrets/mesh/token", token).Replace(string(HAProxyConfig))
+	cfgPath := filepath.Join(dir, "haproxy.cfg")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
+	podIP4, peerIP4 := netip.MustParseAddr("10.98.0.2"), netip.MustParseAddr("10.98.0.1")
+	podIP6, peerIP6 := netip.MustParseAddr("fd98::2"), netip.MustParseAddr("fd98::1")
+	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP4, 24), netip.PrefixFrom(podIP6, 64)},
+		peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP4, 24), netip.PrefixFrom(peerIP6, 64)})
+	var rulesets []iptables.Ruleset
+	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
+		rs, err := iptables.Build(iptables.Config{
+			Family: f, ProxyUID: proxyUID, InboundListening: true,
+			InboundPort: inject.DefaultProxyInboundPort, OutboundPort: inject.DefaultProxyOutboundPort,
+			SkipInboundPorts: []annotations.PortRange{{First: inject.DefaultProxyAdminPort, Last: inject.DefaultProxyAdminPort}},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rulesets = append(rulesets, rs)
+	}
+	if err := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables)).Apply(ctx, pod.Path, rulesets...); err != nil {
+		t.Fatal(err)
+	}
+
+	haproxyLog := filepath.Join(dir, "haproxy.log")
+	f, err := os.Create(haproxyLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	ha := testenv.Identity{UID: proxyUID, GID: proxyUID}.Command(context.Background(), HAProxyBinary, "-db", "-f", cfgPath)
+	ha.Env = append(os.Environ(), "POD_NAME=web-0", "POD_IP="+podIP4.String())
+	ha.Stdout, ha.Stderr = f, f
+	if err := pod.Do(ha.Start); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- ha.Wait() }()
+	t.Cleanup(func() {
+		if ha.ProcessState == nil {
+			ha.Process.Kill()
+		}
+	})
+	start(t, pod, appUID, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "app")
+	start(t, peer, 0, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "peer")
+
+	// The admin frontend, from inside the pod, once HAProxy listens.
+	get := func(path string) (string, error) {
+		var body string
+		err := pod.Do(func() error {
+			// On this thread, in the pod's namespace: an http.Client would dial from another.
+			c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", inject.DefaultProxyAdminPort), 2*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(2 * time.Second))
+			fmt.Fprintf(c, "GET %s HTTP/1.0\r\n\r\n", path)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			body = string(b)
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("%s: %s", resp.Status, body)
+			}
+			return err
+		})
+		return body, err
+	}
+	var ready string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if ready, err = get("/ready"); err == nil || time.Now().After(deadline) {
+			break
+		}
+	}
+	if ready != "ready web-0 "+podIP4.String()+"\n" || err != nil {
+		t.Fatalf("/ready: %q, %v\n%s", ready, err, readLog(haproxyLog))
+	}
+	if id, err := get("/identity"); id != "token-for-mesh.example\n" || err != nil {
+		t.Errorf("/identity: %q, %v", id, err)
+	}
+
+	// Outbound over IPv4: HAProxy reads the original destination and connects there.
+	peer4, pod4 := netip.AddrPortFrom(peerIP4, 8080), netip.AddrPortFrom(podIP4, 8080)
+	out := run(t, pod, appUID, built.Bin(workloadProg), "dial", "-addr", peer4.String(), "-must", "-retry", "5s")
+	if !strings.HasPrefix(out, "dial "+peer4.String()+" ok: peer ") || !strings.Contains(out, "peer="+podIP4.String()+":") {
+		t.Errorf("outbound: %q, want the peer's answer", out)
+	}
+	waitLog(t, haproxyLog, `detour-haproxy outbound `+regexp.QuoteMeta(podIP4.String())+`:\d+ original=`+regexp.QuoteMeta(peer4.String())+` server=`+regexp.QuoteMeta(peer4.String())+` `)
+
+	// Inbound over IPv4: to the app on the pod's address, from HAProxy.
+	out = run(t, peer, 0, built.Bin(workloadProg), "dial", "-addr", pod4.String(), "-must", "-retry", "5s")
+	if !strings.HasPrefix(out, "dial "+pod4.String()+fmt.Sprintf(" ok: app uid=%d", appUID)) {
+		t.Errorf("inbound: %q, want the app's answer", out)
+	}
+	waitLog(t, haproxyLog, `detour-haproxy inbound `+regexp.QuoteMeta(peerIP4.String())+`:\d+ original=`+regexp.QuoteMeta(pod4.String())+` `)
+
+	// Outbound over IPv6: reset at once, and no connection of HAProxy to itself.
+	line, err := testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, netip.AddrPortFrom(peerIP6, 8080), 5*time.Second)
+	if line != "" || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Errorf("IPv6 outbound: %q, %v; want a reset (HAProxy 2.6 cannot read its original destination)", line, err)
+	}
+	if n := selfConnections(t, pod); n > 0 {
+		t.Errorf("HAProxy holds %d connections to its own ports: the IPv6 loop", n)
+	}
+
+	ha.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-exited:
+		// HAProxy in the foreground keeps SIGTERM's default action: it ends at once, which
+		// the runtime reports as exit code 143.
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
+			t.Errorf("HAProxy on SIGTERM: %v, want it ended by the signal", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("HAProxy did not exit on SIGTERM")
+	}
+	t.Logf("HAProxy log:\n%s", readLog(haproxyLog))
+}
+
+// selfConnections counts the pod's TCP connections to the proxy's own redirect ports.
+func selfConnections(t *testing.T, ns *testenv.NetNS) int {
+	t.Helper()
+	n := 0
+	err := ns.Do(func() error {
+		for _, file := range []string{"/proc/thread-self/net/tcp", "/proc/thread-self/net/tcp6"} {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(string(b), "\n")[1:] {
+				fields := strings.Fields(line)
+				if len(fields) < 3 {
+					continue
+				}
+				for _, port := range []uint16{inject.DefaultProxyOutboundPort, inject.DefaultProxyInboundPort} {
+					if strings.HasSuffix(fields[2], fmt.Sprintf(":%04X", port)) {
+						n++
+					}
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}

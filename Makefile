@@ -11,7 +11,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions soak conformance netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e test-binaries demo image manifests clean
+.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions soak conformance netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
 
 all: build
 
@@ -102,7 +102,7 @@ FUZZMATCH ?=
 fuzz:
 	FUZZMATCH='$(FUZZMATCH)' bash hack/fuzz.sh $(FUZZTIME) '$(FUZZPARALLEL)' $(FUZZMINIMIZETIME)
 
-bench: bench-iptables bench-cni bench-webhook bench-e2e
+bench: bench-iptables bench-cni bench-webhook bench-e2e bench-datapath
 
 bench-iptables:
 	bash hack/host-deps.sh
@@ -111,6 +111,14 @@ bench-iptables:
 	go test ./iptables -run '^$$' -bench NatTableExists -count 1
 	go test ./iptables -run '^$$' -bench CheckNFTables -count 1
 	go test ./iptables -run '^$$' -bench InboundConnection -benchtime 3000x -count 3
+
+# The data path through HAProxy, five ways side by side in one run (no mesh, HAProxy dialled
+# directly, detour's nftables and iptables-legacy rules, Linkerd's rules), outbound and inbound:
+# a table of connection set-up p50/p99, connections per second at 1 and 16 clients and bulk
+# MiB/s (docs/benchmarks.md). DATAPATH_ROUNDS rounds of DATAPATH_CONNS connections per row.
+bench-datapath:
+	bash hack/host-deps.sh
+	go test ./test/images -run '^$$' -bench DataPath -benchtime 1x -count 1 -timeout 2h
 
 clean:
 	rm -rf $(BIN)

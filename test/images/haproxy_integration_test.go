@@ -49,18 +49,8 @@ func TestIntegrationHAProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The volumes the webhook mounts: a writable run directory and the identity token.
-	runDir, token := filepath.Join(dir, "run"), filepath.Join(dir, "token")
-	if err := os.Mkdir(runDir, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	os.Chmod(runDir, 0o777)
-	if err := os.WriteFile(token, []byte("token-for-mesh.example\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cfg := strings.NewReplacer("/run/haproxy/", runDir+"/", "/var/run/secrets/mesh/token", token).Replace(string(HAProxyConfig))
 	cfgPath := filepath.Join(dir, "haproxy.cfg")
-	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+	if err := os.WriteFile(cfgPath, []byte(haproxyTestConfig(t, dir)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -85,25 +75,7 @@ func TestIntegrationHAProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	haproxyLog := filepath.Join(dir, "haproxy.log")
-	f, err := os.Create(haproxyLog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	ha := testenv.Identity{UID: proxyUID, GID: proxyUID}.Command(context.Background(), HAProxyBinary, "-db", "-f", cfgPath)
-	ha.Env = append(os.Environ(), "POD_NAME=web-0", "POD_IP="+podIP4.String())
-	ha.Stdout, ha.Stderr = f, f
-	if err := pod.Do(ha.Start); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- ha.Wait() }()
-	t.Cleanup(func() {
-		if ha.ProcessState == nil {
-			ha.Process.Kill()
-		}
-	})
+	ha, haproxyLog := startHAProxy(t, pod, dir, cfgPath, podIP4)
 	start(t, pod, appUID, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "app")
 	start(t, peer, 0, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "peer")
 
@@ -170,19 +142,77 @@ func TestIntegrationHAProxy(t *testing.T) {
 		t.Errorf("HAProxy holds %d connections to its own ports: the IPv6 loop", n)
 	}
 
-	ha.Process.Signal(syscall.SIGTERM)
+	ha.stop(t)
+	t.Logf("HAProxy log:\n%s", readLog(haproxyLog))
+}
+
+// haproxyTestConfig is HAProxyConfig with the volumes the webhook mounts made in dir: a
+// writable run directory, and an identity token that reads "token-for-mesh.example".
+func haproxyTestConfig(t testing.TB, dir string) string {
+	t.Helper()
+	runDir, token := filepath.Join(dir, "run"), filepath.Join(dir, "token")
+	if err := os.Mkdir(runDir, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(runDir, 0o777) // for the proxy UID, whatever the umask
+	if err := os.WriteFile(token, []byte("token-for-mesh.example\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return strings.NewReplacer("/run/haproxy/", runDir+"/", "/var/run/secrets/mesh/token", token).Replace(string(HAProxyConfig))
+}
+
+// haproxyProcess is HAProxy started by startHAProxy.
+type haproxyProcess struct {
+	cmd    *exec.Cmd
+	exited chan error
+}
+
+// startHAProxy runs HAProxy with the configuration at cfgPath in ns as the proxy UID, with the
+// downward API's POD_NAME (web-0) and POD_IP (podIP), logging to a file in dir whose path it
+// returns; it is killed at the end of the test unless stop ended it.
+func startHAProxy(t testing.TB, ns *testenv.NetNS, dir, cfgPath string, podIP netip.Addr) (*haproxyProcess, string) {
+	t.Helper()
+	log := filepath.Join(dir, "haproxy.log")
+	f, err := os.Create(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const uid = inject.DefaultProxyUID
+	cmd := testenv.Identity{UID: uid, GID: uid}.Command(context.Background(), HAProxyBinary, "-db", "-f", cfgPath)
+	cmd.Env = append(os.Environ(), "POD_NAME=web-0", "POD_IP="+podIP.String())
+	cmd.Stdout, cmd.Stderr = f, f
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatal(err)
+	}
+	p := &haproxyProcess{cmd: cmd, exited: make(chan error, 1)}
+	go func() { p.exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return p, log
+}
+
+// stop sends SIGTERM, which must end HAProxy: in the foreground it keeps the signal's default
+// action and ends at once (the runtime reports exit code 143).
+func (p *haproxyProcess) stop(t testing.TB) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-exited:
-		// HAProxy in the foreground keeps SIGTERM's default action: it ends at once, which
-		// the runtime reports as exit code 143.
+	case err := <-p.exited:
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGTERM {
 			t.Errorf("HAProxy on SIGTERM: %v, want it ended by the signal", err)
 		}
+		p.exited <- err
 	case <-time.After(10 * time.Second):
 		t.Errorf("HAProxy did not exit on SIGTERM")
 	}
-	t.Logf("HAProxy log:\n%s", readLog(haproxyLog))
 }
 
 // selfConnections counts the pod's TCP connections to the proxy's own redirect ports.

@@ -129,7 +129,7 @@ func addrPrefix(a netip.Addr) string {
 
 // start runs bin with args in ns as uid (and the same gid) until the test ends, when it must
 // exit 0 on SIGTERM. It returns the file its output goes to.
-func start(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string) string {
+func start(t testing.TB, ns *testenv.NetNS, uid int, bin string, args ...string) string {
 	t.Helper()
 	log := filepath.Join(t.TempDir(), filepath.Base(bin)+".log")
 	f, err := os.Create(log)
@@ -160,7 +160,7 @@ func start(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string)
 }
 
 // run runs bin with args in ns as uid and returns its output, failing the test if it fails.
-func run(t *testing.T, ns *testenv.NetNS, uid int, bin string, args ...string) string {
+func run(t testing.TB, ns *testenv.NetNS, uid int, bin string, args ...string) string {
 	t.Helper()
 	log := filepath.Join(t.TempDir(), "run.log")
 	f, err := os.Create(log)
@@ -195,7 +195,7 @@ func readLog(path string) string {
 }
 
 // waitLog waits until the file at path matches re.
-func waitLog(t *testing.T, path, re string) {
+func waitLog(t testing.TB, path, re string) {
 	t.Helper()
 	r := regexp.MustCompile(re)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {

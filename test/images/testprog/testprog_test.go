@@ -8,6 +8,8 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -95,6 +97,24 @@ func TestWorkloadLoad(t *testing.T) {
 	want := regexp.MustCompile(`^load ` + regexp.QuoteMeta(addr) + ` conns=20 p50=\S+ p99=\S+ bytes=3000000 seconds=[0-9.]+ MiB/s=[0-9.]+\n$`)
 	if !want.MatchString(out.String()) {
 		t.Errorf("output %q, want %s", out.String(), want)
+	}
+
+	// With -rate and -samples: connections per second for each number of clients, and every
+	// timed connection's nanoseconds.
+	samples := filepath.Join(t.TempDir(), "samples")
+	out.Reset()
+	if err := Workload(context.Background(), []string{"load", "-addr", addr, "-conns", "7", "-bytes", "0", "-rate", "1,4", "-rate-for", "200ms", "-samples", samples}, &out); err != nil {
+		t.Fatal(err)
+	}
+	want = regexp.MustCompile(`^load ` + regexp.QuoteMeta(addr) + ` conns=7 p50=\S+ p99=\S+ cps@1=[1-9]\d* cps@4=[1-9]\d* bytes=0\n$`)
+	if !want.MatchString(out.String()) {
+		t.Errorf("output %q, want %s", out.String(), want)
+	}
+	if b, err := os.ReadFile(samples); err != nil || len(strings.Fields(string(b))) != 7 {
+		t.Errorf("samples %q, %v: want 7 lines", b, err)
+	}
+	if err := Workload(context.Background(), []string{"load", "-addr", addr, "-rate", "0"}, io.Discard); err == nil || !strings.Contains(err.Error(), "-rate") {
+		t.Errorf("-rate 0: %v", err)
 	}
 
 	// Against a plain serve (no count) it fails, naming the cause.

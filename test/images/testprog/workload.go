@@ -69,10 +69,11 @@ const workloadUsage = `usage: workload STEP [then STEP]...
   dial -addr H:P [-must] [-retry D] [-timeout D] [-every D]
                                   connect and print the line the server sends; with -every,
                                   again at that interval until stopped, a line per dial
-  load -addr H:P [-conns N] [-bytes N]
+  load -addr H:P [-conns N] [-bytes N] [-rate C,C] [-rate-for D] [-samples F]
                                   against serve -sink: N connections one after another, each
                                   timed from connect to the server's line (p50, p99), then one
-                                  that sends -bytes and waits for the count (MiB/s)
+                                  that sends -bytes and waits for the count (MiB/s); with
+                                  -rate, connections per second with C concurrent clients
   id                              print uid=, gid=, groups=
   sleep [D]                       sleep for D (forever without it)`
 
@@ -94,8 +95,13 @@ func workloadStep(ctx context.Context, args []string, stdout io.Writer) (func() 
 	case "load":
 		addr := fs.String("addr", "", "address of a serve -sink (host:port)")
 		conns := fs.Int("conns", 200, "connections to time")
-		size := fs.Int64("bytes", 64<<20, "bytes to send through the last connection")
-		run = func() error { return load(ctx, *addr, *conns, *size, stdout) }
+		size := fs.Int64("bytes", 64<<20, "bytes to send through the last connection (0: none)")
+		rate := fs.String("rate", "", "comma-separated numbers of concurrent clients: connections per second with each")
+		rateFor := fs.Duration("rate-for", time.Second, "how long each -rate measurement runs")
+		samples := fs.String("samples", "", "file to write each timed connection's nanoseconds to, one per line")
+		run = func() error {
+			return load(ctx, loadSpec{addr: *addr, conns: *conns, size: *size, rate: *rate, rateFor: *rateFor, samples: *samples}, stdout)
+		}
 	case "dial":
 		addr := fs.String("addr", "", "address to connect to (host:port)")
 		must := fs.Bool("must", false, "fail the chain (exit 1) when the dial fails")
@@ -204,20 +210,63 @@ func serve(ctx context.Context, addr, name string, sink bool, stdout io.Writer) 
 	}
 }
 
+// loadSpec is what load measures.
+type loadSpec struct {
+	addr    string
+	conns   int
+	size    int64
+	rate    string
+	rateFor time.Duration
+	samples string
+}
+
 // load measures a serve -sink at addr: conns connections one after another, each from connect
-// to the server's line, then one that sends size bytes and reads the server's count. It prints
-// "load <addr> conns=N p50=D p99=D bytes=N seconds=S MiB/s=R".
-func load(ctx context.Context, addr string, conns int, size int64, stdout io.Writer) error {
-	took := make([]time.Duration, 0, conns)
-	for range conns {
+// to the server's line; with rate, the connections per second each number of concurrent clients
+// completes in rateFor; then one connection that sends size bytes and reads the server's count.
+// It prints "load <addr> conns=N p50=D p99=D [cps@C=N]... bytes=N seconds=S MiB/s=R".
+func load(ctx context.Context, l loadSpec, stdout io.Writer) error {
+	addr := l.addr
+	var clients []int
+	if l.rate != "" {
+		for _, f := range strings.Split(l.rate, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return fmt.Errorf("load: -rate %q: write numbers of clients, e.g. 1,16", l.rate)
+			}
+			clients = append(clients, n)
+		}
+	}
+	took := make([]time.Duration, 0, l.conns)
+	for range l.conns {
 		start := time.Now()
 		if _, err := dialLine(ctx, addr, 5*time.Second); err != nil {
 			return fmt.Errorf("load %s: %w", addr, err)
 		}
 		took = append(took, time.Since(start))
 	}
+	if l.samples != "" {
+		var b strings.Builder
+		for _, d := range took {
+			fmt.Fprintln(&b, d.Nanoseconds())
+		}
+		if err := os.WriteFile(l.samples, []byte(b.String()), 0o644); err != nil {
+			return fmt.Errorf("load: %w", err)
+		}
+	}
 	slices.Sort(took)
 	p50, p99 := took[len(took)/2], took[min(len(took)-1, len(took)*99/100)]
+	line := fmt.Sprintf("load %s conns=%d p50=%s p99=%s", addr, l.conns, p50.Round(time.Microsecond), p99.Round(time.Microsecond))
+	for _, n := range clients {
+		cps, err := rate(ctx, addr, n, l.rateFor)
+		if err != nil {
+			return err
+		}
+		line += fmt.Sprintf(" cps@%d=%.0f", n, cps)
+	}
+	if l.size == 0 {
+		fmt.Fprintln(stdout, line+" bytes=0")
+		return nil
+	}
 
 	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -230,18 +279,52 @@ func load(ctx context.Context, addr string, conns int, size int64, stdout io.Wri
 		return fmt.Errorf("load %s: the server's line: %w", addr, err)
 	}
 	start := time.Now()
-	if _, err := io.CopyN(c, zeros{}, size); err != nil {
+	if _, err := io.CopyN(c, zeros{}, l.size); err != nil {
 		return fmt.Errorf("load %s: send: %w", addr, err)
 	}
 	c.(*net.TCPConn).CloseWrite()
 	count, err := r.ReadString('\n')
 	elapsed := time.Since(start)
-	if want := fmt.Sprintf("received %d bytes\n", size); count != want {
+	if want := fmt.Sprintf("received %d bytes\n", l.size); count != want {
 		return fmt.Errorf("load %s: the server answered %q (%v), want %q: is it a serve -sink?", addr, count, err, want)
 	}
-	fmt.Fprintf(stdout, "load %s conns=%d p50=%s p99=%s bytes=%d seconds=%.3f MiB/s=%.1f\n", addr, conns,
-		p50.Round(time.Microsecond), p99.Round(time.Microsecond), size, elapsed.Seconds(), float64(size)/(1<<20)/elapsed.Seconds())
+	fmt.Fprintf(stdout, "%s bytes=%d seconds=%.3f MiB/s=%.1f\n", line, l.size, elapsed.Seconds(), float64(l.size)/(1<<20)/elapsed.Seconds())
 	return nil
+}
+
+// rate runs clients concurrent loops of connect, read the server's line, close, for d, and
+// returns the connections per second they completed; any failed connection is an error.
+func rate(ctx context.Context, addr string, clients int, d time.Duration) (float64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	counts := make([]int, clients)
+	errs := make(chan error, clients)
+	start := time.Now()
+	deadline := start.Add(d)
+	for i := range clients {
+		go func() {
+			for time.Now().Before(deadline) {
+				if _, err := dialLine(ctx, addr, 5*time.Second); err != nil {
+					errs <- fmt.Errorf("load %s with %d clients: %w", addr, clients, err)
+					return
+				}
+				counts[i]++
+			}
+			errs <- nil
+		}()
+	}
+	var first error
+	for range clients {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	total := 0
+	for _, n := range counts {
+		total += n
+	}
+	return float64(total) / time.Since(start).Seconds(), first
 }
 
 // zeros reads as an endless run of zero bytes.

@@ -34,7 +34,7 @@ func kitConfig(t testing.TB, extra string) *Config {
 	cfg, err := ParseConfig([]byte(`
 proxy:
   image: proxy:test
-  command: [/usr/sbin/haproxy, -f, /etc/haproxy/haproxy.cfg]
+  command: [/usr/sbin/haproxy, -W, -db, -f, /etc/haproxy/haproxy.cfg]
   startupProbe: {httpGet: {path: /healthz, port: 4191}, periodSeconds: 1, failureThreshold: 30}
 ` + proxyKit + extra + `
 validator: {image: "detour:test"}

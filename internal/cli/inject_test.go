@@ -74,6 +74,9 @@ func TestInjectGolden(t *testing.T) {
 		// The start gate as detour's postStart hook: the startup probe goes (issue 36).
 		{"pod-basic.yaml", true, "hook"},
 		{"job-native.yaml", true, "hook"},
+		// What a production proxy needs: volumes, downward-API env, its own preStop (issue 43).
+		{"pod-basic.yaml", true, "haproxy"},
+		{"deployment-mixed.yaml", false, "haproxy"},
 	} {
 		name := strings.TrimSuffix(tc.file, ".yaml")
 		if tc.config != "" {

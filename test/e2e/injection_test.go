@@ -217,7 +217,7 @@ func seed003NativeJob(t *testing.T, ctx context.Context, e *framework.Env) {
 		t.Errorf("init container %s (restartPolicy %v, detour.dev/validator %q), want the native detour-proxy with the check in %s", proxy.Name, proxy.RestartPolicy, p.Annotations[annotations.Validator], checkPlace(atProxyStart))
 	}
 	// Both the init container's and the app's dial went through the proxy.
-	if log := e.Logs(ctx, "batch", p.Name, "detour-proxy"); strings.Count(log, "-> "+e.Server) < 2 {
+	if log := e.Logs(ctx, "batch", p.Name, "detour-proxy"); e.Proxy.OutboundCount(log, e.Server) < 2 {
 		t.Errorf("the proxy did not carry both the init container's and the app's connection to %s:\n%s", e.Server, log)
 	}
 }

@@ -163,7 +163,7 @@ func seed000Jobs(t *testing.T, ctx context.Context, e *framework.Env) {
 		i := slices.IndexFunc(done, func(p corev1.Pod) bool { return p.Status.Phase == corev1.PodSucceeded })
 		if i < 0 {
 			t.Errorf("Job %s has no Succeeded pod", name)
-		} else if log := e.Logs(ctx, ns, done[i].Name, annotations.ProxyContainer); !strings.Contains(log, "-> "+e.Server) {
+		} else if log := e.Logs(ctx, ns, done[i].Name, annotations.ProxyContainer); !e.Proxy.OutboundLogged(log, e.Server) {
 			t.Errorf("Job %s's pod %s completed, but its proxy carried no connection to %s:\n%s", name, done[i].Name, e.Server, log)
 		}
 	}

@@ -47,6 +47,7 @@ func TestE2E(t *testing.T) {
 		{"validator/init-container-where-image-volumes-are-not-possible", validatorWhereImageVolumesAreNotPossible},
 		{"validator/hook-gate-fails-closed", validatorHookGateFailsClosed},
 		{"validator/slow-proxy-behind-the-hook", validatorSlowProxy},
+		{"haproxy/smoke", haproxySmoke},
 		{"podsecurity/restricted-namespace", podSecurityRestricted},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"inbound/every-backend", inboundEveryBackend},

@@ -55,7 +55,7 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *framework.E
 		t.Errorf("init containers %v, want the proxy first and no validator", names)
 	}
 	proxy := p.Spec.InitContainers[0]
-	if proxy.Command[0] != inject.ValidatorBinary || !slices.Equal(proxy.Args, []string{"testproxy"}) {
+	if proxy.Command[0] != inject.ValidatorBinary || !slices.Equal(proxy.Args, e.Proxy.Command) {
 		t.Errorf("proxy command %q args %q", proxy.Command, proxy.Args)
 	}
 	if i := slices.IndexFunc(p.Spec.Volumes, func(v corev1.Volume) bool { return v.Name == annotations.ValidatorVolume }); i < 0 ||
@@ -66,11 +66,14 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *framework.E
 		t.Errorf("the check exited %d, want 0", code)
 	}
 	log := e.Logs(ctx, "fold", "web", annotations.ProxyContainer)
-	for _, want := range []string{
+	wants := []string{
 		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4142",
-		validator.StartedMarker + "testproxy",
-		"proxy outbound listening",
-	} {
+		validator.StartedMarker + e.Proxy.Command[0],
+	}
+	if e.Proxy == framework.TestProxy {
+		wants = append(wants, "proxy outbound listening")
+	}
+	for _, want := range wants {
 		if !strings.Contains(log, want) {
 			t.Errorf("the proxy's log lacks %q:\n%s", want, log)
 		}

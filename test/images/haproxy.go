@@ -20,6 +20,13 @@ const HAProxyBinary = "/usr/sbin/haproxy"
 // HAProxyConfigPath is the HAProxy configuration's path in the image.
 const HAProxyConfigPath = "/usr/local/etc/haproxy/haproxy.cfg"
 
+// HAProxyCommand is how the image runs HAProxy: in the foreground (-db) and in master-worker
+// mode (-W). As its container's PID 1 HAProxy must handle SIGTERM itself — the kernel ignores a
+// signal whose action is the default for a namespace's init — and only the master does: a
+// single process in the foreground keeps SIGTERM's default action and would run on until the
+// kubelet's SIGKILL.
+var HAProxyCommand = []string{HAProxyBinary, "-W", "-db", "-f", HAProxyConfigPath}
+
 // HAProxyConfig is the image's configuration: HAProxy as a meshed pod's proxy on detour's
 // default ports (docs/proxy-contract.md).
 //
@@ -47,7 +54,7 @@ func haproxySpec(ref string) (image.Spec, error) {
 	return image.Spec{
 		Ref:        ref,
 		Files:      files,
-		Entrypoint: []string{HAProxyBinary, "-db", "-f", HAProxyConfigPath},
+		Entrypoint: HAProxyCommand,
 		Env:        []string{"PATH=/usr/sbin:/usr/bin:/bin"},
 	}, nil
 }

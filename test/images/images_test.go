@@ -176,7 +176,7 @@ func TestBuild(t *testing.T) {
 	if files[HAProxyConfigPath].content != string(HAProxyConfig) {
 		t.Errorf("the HAProxy image's %s is not HAProxyConfig", HAProxyConfigPath)
 	}
-	if cf, err := img.ConfigFile(); err != nil || !reflect.DeepEqual(cf.Config.Entrypoint, []string{HAProxyBinary, "-db", "-f", HAProxyConfigPath}) || cf.Config.User != "" {
+	if cf, err := img.ConfigFile(); err != nil || !reflect.DeepEqual(cf.Config.Entrypoint, []string{HAProxyBinary, "-W", "-db", "-f", HAProxyConfigPath}) || cf.Config.User != "" {
 		t.Errorf("the HAProxy image's config: %+v, %v", cf, err)
 	}
 }

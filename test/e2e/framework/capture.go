@@ -34,14 +34,19 @@ func (e *Env) AssertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 	if err != nil {
 		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
 	}
-	if !strings.Contains(reply, "127.0.0.1") && !strings.Contains(reply, "::1") {
-		t.Errorf("the app of %s saw a connection that did not come through the proxy: %q", p.Name, reply)
+	if !e.Proxy.Proxied(reply, p.Status.PodIP) {
+		t.Errorf("the app of %s saw a connection that did not come through the %s proxy: %q", p.Name, e.Proxy.Name, reply)
 	}
-	proxyLog := e.Logs(ctx, p.Namespace, p.Name, "detour-proxy")
-	if !strings.Contains(proxyLog, "proxy inbound") {
+	// HAProxy logs a connection when it ends.
+	var proxyLog string
+	Poll(ctx, 15*time.Second, func() (bool, error) { // the checks below say what was missing
+		proxyLog = e.Logs(ctx, p.Namespace, p.Name, "detour-proxy")
+		return e.Proxy.InboundLogged(proxyLog) && e.Proxy.OutboundLogged(proxyLog, e.Server), nil
+	})
+	if !e.Proxy.InboundLogged(proxyLog) {
 		t.Errorf("the proxy of %s logged no inbound connection:\n%s", p.Name, proxyLog)
 	}
-	if !strings.Contains(proxyLog, "-> "+e.Server) {
+	if !e.Proxy.OutboundLogged(proxyLog, e.Server) {
 		t.Errorf("the proxy of %s did not carry the app's connection to %s:\n%s", p.Name, e.Server, proxyLog)
 	}
 }

@@ -30,6 +30,9 @@ type Env struct {
 	Root string
 	// Server is the address of the test server outside the pods ("the internet").
 	Server string
+	// Proxy is the proxy of every meshed pod: the test proxy unless DETOUR_E2E_PROXY says
+	// otherwise ([Proxy]).
+	Proxy *Proxy
 	// img is where detour's chart and the pods' images come from now.
 	img imageSet
 	// Registry is the cluster's registry, once a story moved to it ([Env.UseRegistry]).
@@ -145,12 +148,16 @@ func newEnv(bin string, opts Options) (*Env, error) {
 		return nil, fmt.Errorf("build detour's image and the test images: %w", shared.artErr)
 	}
 	art := shared.art
+	proxy, err := proxyFromEnv()
+	if err != nil {
+		return nil, err
+	}
 	opts.Images, opts.PauseImage, opts.DNSImage = art.Tarballs, art.Refs.Pause, DNSImageRef
 	n, err := Start(ctx, bin, opts)
 	if err != nil {
 		return nil, err
 	}
-	e := &Env{Node: n, Artifacts: art, Root: root, Server: fmt.Sprintf("%s:%d", NodeIP, ServerPort)}
+	e := &Env{Node: n, Artifacts: art, Root: root, Server: fmt.Sprintf("%s:%d", NodeIP, ServerPort), Proxy: proxy}
 	e.img = e.importedImages()
 	argv := []string{art.workloadBin, "serve", "-listen", e.Server}
 	if _, err := n.holder.start(argv, n.env(), n.logPath("test-server"), ""); err != nil {

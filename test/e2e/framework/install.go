@@ -61,8 +61,8 @@ func (e *Env) helmInstall(t testing.TB, ctx context.Context, img imageSet, extra
 // AgentLabel=yes.
 const AgentLabel = "e2e.detour.dev/agent"
 
-// values are the chart values the e2e installs with: detour's image of img, the test proxy,
-// the node's CNI directories, the plugin's log where the test reads it.
+// values are the chart values the e2e installs with: detour's image of img, the run's proxy
+// (Env.Proxy), the node's CNI directories, the plugin's log where the test reads it.
 func (e *Env) values(img imageSet) string {
 	return fmt.Sprintf(`createNamespace: false
 image:
@@ -73,30 +73,19 @@ webhook:
   replicas: 1
   failurePolicy: Fail
   config:
-    proxy:
-      image: %[4]s
-      imagePullPolicy: %[3]s
-      # Known to the webhook, so that the validator's check runs at the proxy's start
-      # (validator.mode auto on this 1.37 node with containerd 2.4); a name, found on the
-      # image's PATH as the runtime would.
-      command: [testproxy]
-      startupProbe:
-        tcpSocket: {port: 4191}
-        periodSeconds: 1
-        failureThreshold: 30
-nodeAgent:
-  cniConfDir: %[5]s
-  cniBinDir: %[6]s
+%[8]snodeAgent:
+  cniConfDir: %[4]s
+  cniBinDir: %[5]s
   resync: 2s
   nodeSelector:
-    %[7]s: "yes"
+    %[6]s: "yes"
   plugin:
     logLevel: debug
-    logFile: %[8]s
+    logFile: %[7]s
   repair:
     rate: 5
     burst: 5
-`, img.repo, img.tag, img.pull, img.refs.Proxy, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath())
+`, img.repo, img.tag, img.pull, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath(), e.Proxy.webhookConfig(img))
 }
 
 // importedImages are the images as the node imported them and the chart's directory.
@@ -208,6 +197,7 @@ func (e *Env) UseRegistry(t testing.TB, ctx context.Context) {
 			refs: images.Refs{
 				Pause: r.Ref(e.Artifacts.Refs.Pause), Proxy: r.Ref(e.Artifacts.Refs.Proxy), Workload: r.Ref(e.Artifacts.Refs.Workload),
 				WorkloadNumeric: r.Ref(e.Artifacts.Refs.WorkloadNumeric), WorkloadNamed: r.Ref(e.Artifacts.Refs.WorkloadNamed),
+				HAProxy: r.Ref(e.Artifacts.Refs.HAProxy),
 			},
 			chart: []string{"oci://" + r.Host + "/charts/detour", "--version", version, "--plain-http"},
 		}

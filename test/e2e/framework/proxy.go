@@ -1,0 +1,135 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+
+	"github.com/detourmesh/detour/test/images"
+)
+
+// Proxy is the proxy of every meshed pod in a run: what the webhook's configuration injects,
+// and how a story reads from the proxy's log and the app's reply that a connection went through
+// it. The test proxy is the default; DETOUR_E2E_PROXY=haproxy makes it HAProxy (the HAProxy
+// image, its configuration, what it needs mounted), as `make e2e-haproxy` and
+// `make conformance-haproxy` run.
+type Proxy struct {
+	// Name is the value of DETOUR_E2E_PROXY that selects it.
+	Name string
+	// Command is the proxy's command line as the webhook's configuration sets it (the check at
+	// the proxy's start execs it).
+	Command []string
+	// config is the rest of the webhook's proxy section (YAML at the proxy section's indent).
+	config string
+	// ref picks the proxy's image from the test images.
+	ref func(images.Refs) string
+	// inbound matches the log line of an inbound connection; outbound is the log line of an
+	// outbound connection's original destination (%s: host:port).
+	inbound  *regexp.Regexp
+	outbound string
+	// peer matches the app's view of a connection the proxy made to it (%s: the pod's IP).
+	peer func(podIP string) *regexp.Regexp
+}
+
+// TestProxy is the test proxy (test/images/testproxy): it hands inbound connections to the
+// app on 127.0.0.1 and logs "proxy inbound" and "-> <original destination>".
+var TestProxy = &Proxy{
+	Name: "testproxy",
+	// A name, found on the image's PATH as the runtime would.
+	Command: []string{"testproxy"},
+	config: `      startupProbe:
+        tcpSocket: {port: 4191}
+        periodSeconds: 1
+        failureThreshold: 30
+`,
+	ref:      func(r images.Refs) string { return r.Proxy },
+	inbound:  regexp.MustCompile(`proxy inbound `),
+	outbound: "-> %s",
+	peer: func(string) *regexp.Regexp {
+		return regexp.MustCompile(`peer=(127\.0\.0\.1|\[::1\]):`)
+	},
+}
+
+// HAProxy is HAProxy 2.6 with the HAProxy image's configuration (test/images/haproxy.cfg): it
+// connects to each connection's original destination (an inbound one reaches the app on the
+// pod's own address), logs "original=<destination>" when the connection ends, answers its
+// start gate on /ready with the downward API's pod name and IP, and needs a writable
+// /run/haproxy and an identity token, which the webhook mounts (proxy.volumes).
+var HAProxy = &Proxy{
+	Name:    "haproxy",
+	Command: images.HAProxyCommand,
+	config: `      startupProbe:
+        httpGet: {path: /ready, port: 4191}
+        periodSeconds: 1
+        failureThreshold: 30
+      readinessProbe:
+        httpGet: {path: /ready, port: 4191}
+        periodSeconds: 5
+      env:
+      - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+      - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
+      volumes:
+      - {name: proxy-run, emptyDir: {medium: Memory}}
+      - name: proxy-identity
+        projected: {sources: [{serviceAccountToken: {audience: mesh.detour.test, expirationSeconds: 3600, path: token}}]}
+      volumeMounts:
+      - {name: proxy-run, mountPath: /run/haproxy}
+      - {name: proxy-identity, mountPath: /var/run/secrets/mesh, readOnly: true}
+`,
+	ref:      func(r images.Refs) string { return r.HAProxy },
+	inbound:  regexp.MustCompile(`detour-haproxy inbound \S+ original=`),
+	outbound: "original=%s ",
+	peer: func(podIP string) *regexp.Regexp {
+		return regexp.MustCompile(`peer=` + regexp.QuoteMeta(podIP) + `:`)
+	},
+}
+
+// proxyFromEnv is the proxy DETOUR_E2E_PROXY names (the test proxy when unset).
+func proxyFromEnv() (*Proxy, error) {
+	switch v := os.Getenv("DETOUR_E2E_PROXY"); v {
+	case "", TestProxy.Name:
+		return TestProxy, nil
+	case HAProxy.Name:
+		return HAProxy, nil
+	default:
+		return nil, fmt.Errorf("DETOUR_E2E_PROXY=%q: use %s or %s", v, TestProxy.Name, HAProxy.Name)
+	}
+}
+
+// webhookConfig is the webhook configuration's proxy section for p with the images of img.
+func (p *Proxy) webhookConfig(img imageSet) string {
+	quoted := make([]string, len(p.Command))
+	for i, c := range p.Command {
+		quoted[i] = fmt.Sprintf("%q", c)
+	}
+	return fmt.Sprintf(`    proxy:
+      image: %s
+      imagePullPolicy: %s
+      # Known to the webhook, so that the validator's check runs at the proxy's start
+      # (validator.mode auto on this 1.37 node with containerd 2.4).
+      command: [%s]
+`, p.ref(img.refs), img.pull, strings.Join(quoted, ", ")) + p.config
+}
+
+// InboundLogged reports whether the proxy's log shows an inbound connection.
+func (p *Proxy) InboundLogged(log string) bool { return p.inbound.MatchString(log) }
+
+// OutboundLogged reports whether the proxy's log shows a connection it carried to its original
+// destination dst (host:port).
+func (p *Proxy) OutboundLogged(log, dst string) bool {
+	return strings.Contains(log, fmt.Sprintf(p.outbound, dst))
+}
+
+// OutboundCount counts the connections to dst in the proxy's log.
+func (p *Proxy) OutboundCount(log, dst string) int {
+	return strings.Count(log, fmt.Sprintf(p.outbound, dst))
+}
+
+// Proxied reports whether the app's reply (the workload's serve line) shows a connection the
+// proxy made, to the app of the pod with IP podIP.
+func (p *Proxy) Proxied(reply, podIP string) bool { return p.peer(podIP).MatchString(reply) }
+
+// UseProxy makes p the proxy of the pods injected from the next install of detour
+// ([Env.InstallDetour]) on; the stories read the proxy's log and the app's replies through it.
+func (e *Env) UseProxy(p *Proxy) { e.Proxy = p }

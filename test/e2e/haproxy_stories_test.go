@@ -33,14 +33,14 @@ func haproxySmoke(t *testing.T, ctx context.Context, e *framework.Env) {
 	}
 	e.UseProxy(framework.HAProxy)
 	e.InstallDetour(t, ctx, "")
+	e.Namespace(t, ctx, "haproxy", true)
 	defer func() {
 		e.UseProxy(framework.TestProxy)
 		e.InstallDetour(t, ctx, "")
-		if err := e.Node.Client.CoreV1().Namespaces().Delete(ctx, "haproxy", metav1.DeleteOptions{}); err != nil {
-			t.Error(err)
-		}
+		e.WaitProxyInjected(t, ctx, "haproxy")
+		e.DropNamespaces(t, ctx, "haproxy")
 	}()
-	e.Namespace(t, ctx, "haproxy", true)
+	e.WaitProxyInjected(t, ctx, "haproxy")
 	if _, err := e.Node.Client.CoreV1().Pods("haproxy").Create(ctx, e.Pod("web", "haproxy"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

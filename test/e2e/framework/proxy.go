@@ -1,11 +1,17 @@
 package framework
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"regexp"
 	"strings"
+	"testing"
+	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/test/images"
 )
 
@@ -133,3 +139,23 @@ func (p *Proxy) Proxied(reply, podIP string) bool { return p.peer(podIP).MatchSt
 // UseProxy makes p the proxy of the pods injected from the next install of detour
 // ([Env.InstallDetour]) on; the stories read the proxy's log and the app's replies through it.
 func (e *Env) UseProxy(p *Proxy) { e.Proxy = p }
+
+// WaitProxyInjected waits until the webhook injects e.Proxy into a pod of the opted-in
+// namespace ns (a dry-run create): after an install that changed the proxy, a webhook replica of
+// the previous configuration may still answer while it drains.
+func (e *Env) WaitProxyInjected(t testing.TB, ctx context.Context, ns string) {
+	t.Helper()
+	want := e.Proxy.ref(e.img.refs)
+	WaitFor(t, ctx, "the webhook to inject "+e.Proxy.Name, 2*time.Minute, func() (bool, error) {
+		p, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, e.Pod("dry-run", ns), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			return false, err
+		}
+		for _, c := range append(p.Spec.InitContainers, p.Spec.Containers...) {
+			if c.Name == annotations.ProxyContainer {
+				return c.Image == want, Seen("the proxy's image is %s", c.Image)
+			}
+		}
+		return false, Seen("no proxy injected")
+	})
+}

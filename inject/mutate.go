@@ -163,7 +163,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 		unknown = append(unknown, fmt.Sprintf("detour: the annotations %s of namespace %q are not ones detour reads, so they have no effect; docs/annotations.md lists the keys", s, namespace))
 	}
 	if reason != "" {
-		res := skip(pod, cfg, reason)
+		res := skip(pod, reason)
 		res.Warnings = append(unknown, res.Warnings...)
 		return res, nil
 	}
@@ -173,7 +173,7 @@ func Mutate(pod *corev1.Pod, in Input, cfg *Config) (Result, error) {
 	}
 
 	wasInjected := annotations.IsInjected(pod.Annotations)
-	removed := strip(pod, cfg)
+	removed := strip(pod)
 	res := Result{Outcome: Injected, Mode: annotations.SidecarContainer, Warnings: unknown}
 	if !wasInjected {
 		for _, name := range removed.containers {
@@ -387,9 +387,9 @@ func optInSkipReason(mode annotations.InjectMode) string {
 // act on a forged injected marker or exemption), nor detour's containers: a pod injected
 // offline (detour inject) but created where detour does not inject it would keep a validator
 // that fails for ever, since no rules are installed for it, and a proxy nothing sends to.
-func skip(pod *corev1.Pod, cfg *Config, reason string) Result {
+func skip(pod *corev1.Pod, reason string) Result {
 	res := Result{Outcome: Skipped, Reason: reason}
-	removed := strip(pod, cfg)
+	removed := strip(pod)
 	if len(removed.containers) > 0 {
 		quoted := make([]string, len(removed.containers))
 		for i, n := range removed.containers {
@@ -414,25 +414,40 @@ type stripped struct {
 }
 
 // strip removes a previous injection: the containers and the volume with detour's reserved
-// names, the proxy's volumes of cfg where detour injected the pod, the image volumes label the
-// webhook selected, and every webhook-written annotation (including values a pod author
-// forged).
-func strip(pod *corev1.Pod, cfg *Config) stripped {
+// names, the volumes only detour's proxy mounted where detour injected the pod (the proxy
+// volumes of the configuration then, whatever it says now), the image volumes label the webhook
+// selected, and every webhook-written annotation (including values a pod author forged).
+func strip(pod *corev1.Pod) stripped {
 	var removed stripped
+	injected := annotations.IsInjected(pod.Annotations)
+	proxyMounts := map[string]bool{}
 	ours := func(c corev1.Container) bool {
 		if c.Name == annotations.ProxyContainer || c.Name == annotations.ValidatorContainer {
 			removed.containers = append(removed.containers, c.Name)
+			for _, m := range c.VolumeMounts {
+				proxyMounts[m.Name] = injected
+			}
 			return true
 		}
 		return false
 	}
 	pod.Spec.InitContainers = slices.DeleteFunc(pod.Spec.InitContainers, ours)
 	pod.Spec.Containers = slices.DeleteFunc(pod.Spec.Containers, ours)
-	injected := annotations.IsInjected(pod.Annotations)
+	for _, cs := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for _, c := range cs {
+			for _, m := range c.VolumeMounts {
+				delete(proxyMounts, m.Name) // the pod's own containers use it too
+			}
+		}
+	}
+	for _, c := range pod.Spec.EphemeralContainers {
+		for _, m := range c.VolumeMounts {
+			delete(proxyMounts, m.Name)
+		}
+	}
 	pod.Spec.Volumes = slices.DeleteFunc(pod.Spec.Volumes, func(v corev1.Volume) bool {
 		removed.volume = removed.volume || v.Name == annotations.ValidatorVolume
-		return v.Name == annotations.ValidatorVolume ||
-			injected && slices.ContainsFunc(cfg.Proxy.Volumes, func(p corev1.Volume) bool { return p.Name == v.Name })
+		return v.Name == annotations.ValidatorVolume || proxyMounts[v.Name]
 	})
 	if len(pod.Spec.Volumes) == 0 {
 		pod.Spec.Volumes = nil

@@ -51,8 +51,8 @@ func volumeKind(v *corev1.Volume) string {
 	return "another"
 }
 
-// completeProxyVolumes checks proxy.volumes, proxy.volumeMounts and proxy.lifecycle into c;
-// check collects the errors.
+// completeProxyVolumes checks proxy.volumes, proxy.volumeMounts and proxy.lifecycle into c,
+// with the API server's defaults filled in (proxyDefaults); check collects the errors.
 func (f *File) completeProxyVolumes(c *Config, check func(error)) {
 	p := f.Proxy
 	names := map[string]bool{}
@@ -70,8 +70,14 @@ func (f *File) completeProxyVolumes(c *Config, check func(error)) {
 		case !slices.Contains(proxyVolumeKinds, kind):
 			check(invalid(field, v.Name, "use one source of %s (the kinds every pod may have under the restricted Pod Security Standard); it has %s", strings.Join(proxyVolumeKinds, ", "), kind))
 		default:
+			if err := checkVolumeSource(field, &v.VolumeSource); err != nil {
+				check(err)
+				continue
+			}
 			names[v.Name] = true
-			c.Proxy.Volumes = append(c.Proxy.Volumes, *v.DeepCopy())
+			v := *v.DeepCopy()
+			defaultVolumeSource(&v.VolumeSource)
+			c.Proxy.Volumes = append(c.Proxy.Volumes, v)
 		}
 	}
 	paths := map[string]bool{}
@@ -87,6 +93,8 @@ func (f *File) completeProxyVolumes(c *Config, check func(error)) {
 			check(invalid(field+".mountPath", m.MountPath, "detour mounts its own image at %s in the proxy: mount elsewhere", annotations.ValidatorMountPath))
 		case paths[clean]:
 			check(invalid(field+".mountPath", m.MountPath, "two mounts have this path"))
+		case path.IsAbs(m.SubPath) || slices.Contains(strings.Split(m.SubPath, "/"), ".."):
+			check(invalid(field+".subPath", fmt.Sprintf("%q", m.SubPath), "write a path inside the volume: relative, without '..'"))
 		case m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone:
 			check(invalid(field+".mountPropagation", *m.MountPropagation, "the proxy runs unprivileged: leave it unset or None"))
 		default:
@@ -95,19 +103,136 @@ func (f *File) completeProxyVolumes(c *Config, check func(error)) {
 		}
 	}
 	if l := p.Lifecycle; l != nil {
+		c.Proxy.Lifecycle = l.DeepCopy()
 		for _, h := range []struct {
 			field string
 			h     *corev1.LifecycleHandler
-		}{{"proxy.lifecycle.postStart", l.PostStart}, {"proxy.lifecycle.preStop", l.PreStop}} {
-			if h.h != nil && h.h.Exec == nil && h.h.HTTPGet == nil && h.h.Sleep == nil {
-				check(invalid(h.field, nil, "set exec, httpGet or sleep"))
-			}
-			if h.h != nil && h.h.HTTPGet != nil && h.h.HTTPGet.Host != "" {
-				check(invalid(h.field+".httpGet.host", h.h.HTTPGet.Host, "leave it unset: the kubelet calls the pod's own IP"))
+		}{{"proxy.lifecycle.postStart", c.Proxy.Lifecycle.PostStart}, {"proxy.lifecycle.preStop", c.Proxy.Lifecycle.PreStop}} {
+			if h.h != nil {
+				check(checkHook(h.field, h.h))
 			}
 		}
-		c.Proxy.Lifecycle = l.DeepCopy()
 	}
+	for i := range c.Proxy.Env {
+		if r := c.Proxy.Env[i].ValueFrom; r != nil && r.FieldRef != nil && r.FieldRef.APIVersion == "" {
+			r.FieldRef.APIVersion = "v1"
+		}
+	}
+}
+
+// checkVolumeSource refuses what the API server would refuse in every injected pod: a configMap
+// without its name, a secret without its secretName, a projected volume without sources or with
+// a token source without its path.
+func checkVolumeSource(field string, s *corev1.VolumeSource) error {
+	switch {
+	case s.ConfigMap != nil && s.ConfigMap.Name == "":
+		return invalid(field+".configMap.name", nil, "is required: the ConfigMap of the pod's namespace to mount")
+	case s.Secret != nil && s.Secret.SecretName == "":
+		return invalid(field+".secret.secretName", nil, "is required: the Secret of the pod's namespace to mount")
+	case s.Projected != nil && len(s.Projected.Sources) == 0:
+		return invalid(field+".projected.sources", nil, "list at least one source, e.g. {serviceAccountToken: {audience: mesh.example, path: token}}")
+	}
+	if s.Projected != nil {
+		for j, src := range s.Projected.Sources {
+			if t := src.ServiceAccountToken; t != nil && t.Path == "" {
+				return invalid(fmt.Sprintf("%s.projected.sources[%d].serviceAccountToken.path", field, j), nil, "is required: the token's file name in the volume")
+			}
+		}
+	}
+	return nil
+}
+
+// defaultVolumeSource fills in the defaults the API server would (k8s.io/kubernetes
+// pkg/apis/core/v1, defaults.go), so that an injected pod is stored exactly as the webhook wrote
+// it and admitting it again changes nothing: file modes 0644, a token valid for an hour, field
+// references of API version v1.
+func defaultVolumeSource(s *corev1.VolumeSource) {
+	mode := func(m **int32) {
+		if *m == nil {
+			*m = ptr(int32(0o644))
+		}
+	}
+	fields := func(items []corev1.DownwardAPIVolumeFile) {
+		for i := range items {
+			if r := items[i].FieldRef; r != nil && r.APIVersion == "" {
+				r.APIVersion = "v1"
+			}
+		}
+	}
+	switch {
+	case s.ConfigMap != nil:
+		mode(&s.ConfigMap.DefaultMode)
+	case s.Secret != nil:
+		mode(&s.Secret.DefaultMode)
+	case s.DownwardAPI != nil:
+		mode(&s.DownwardAPI.DefaultMode)
+		fields(s.DownwardAPI.Items)
+	case s.Projected != nil:
+		mode(&s.Projected.DefaultMode)
+		for _, src := range s.Projected.Sources {
+			if t := src.ServiceAccountToken; t != nil && t.ExpirationSeconds == nil {
+				t.ExpirationSeconds = ptr(int64(3600))
+			}
+			if d := src.DownwardAPI; d != nil {
+				fields(d.Items)
+			}
+		}
+	}
+}
+
+// checkHook checks one of the proxy's own lifecycle hooks, and fills in an httpGet's defaults
+// as the API server would.
+func checkHook(field string, h *corev1.LifecycleHandler) error {
+	n := 0
+	for _, set := range []bool{h.Exec != nil, h.HTTPGet != nil, h.Sleep != nil, h.TCPSocket != nil} {
+		if set {
+			n++
+		}
+	}
+	switch {
+	case h.TCPSocket != nil:
+		return invalid(field+".tcpSocket", nil, "a tcpSocket hook is deprecated and does nothing: use exec, httpGet or sleep")
+	case n != 1:
+		return invalid(field, nil, "set one of exec, httpGet or sleep")
+	case h.Exec != nil && len(h.Exec.Command) == 0:
+		return invalid(field+".exec.command", nil, "is required: the command the kubelet runs in the proxy container")
+	case h.Sleep != nil && h.Sleep.Seconds < 0:
+		return invalid(field+".sleep.seconds", h.Sleep.Seconds, "a number of seconds from 0 to the pods' terminationGracePeriodSeconds (30 unless a pod sets it)")
+	case h.HTTPGet != nil:
+		if err := checkProbeHost(field, &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: h.HTTPGet}}); err != nil {
+			return err
+		}
+		if h.HTTPGet.Path == "" {
+			h.HTTPGet.Path = "/"
+		}
+		if h.HTTPGet.Scheme == "" {
+			h.HTTPGet.Scheme = corev1.URISchemeHTTP
+		}
+	}
+	return nil
+}
+
+// proxySleepError denies pod when one of the proxy's own sleep hooks sleeps longer than pod's
+// grace period, which the API server refuses.
+func proxySleepError(pod *corev1.Pod, cfg *Config) error {
+	l := cfg.Proxy.Lifecycle
+	if l == nil {
+		return nil
+	}
+	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		grace = *pod.Spec.TerminationGracePeriodSeconds
+	}
+	for _, h := range []struct {
+		field string
+		h     *corev1.LifecycleHandler
+	}{{"proxy.lifecycle.postStart", l.PostStart}, {"proxy.lifecycle.preStop", l.PreStop}} {
+		if h.h != nil && h.h.Sleep != nil && h.h.Sleep.Seconds > grace {
+			return deny("the webhook configuration's %s.sleep.seconds (%d) is longer than the pod's terminationGracePeriodSeconds (%d), which the API server refuses: raise the pod's grace period to at least %d, or ask the cluster admin to shorten the proxy's sleep",
+				h.field, h.h.Sleep.Seconds, grace, h.h.Sleep.Seconds)
+		}
+	}
+	return nil
 }
 
 func proxyVolumeList(vs []corev1.Volume) string {
@@ -122,11 +247,15 @@ func proxyVolumeList(vs []corev1.Volume) string {
 }
 
 // addProxyVolumes adds the configuration's proxy volumes to pod and mounts them in proxy; a pod
-// volume of the same name is an error naming both (the pod's must be renamed, or the admin's).
+// volume of the same name, or a sleep hook longer than the pod's grace period, is a denial that
+// says what to change.
 func addProxyVolumes(pod *corev1.Pod, proxy *corev1.Container, cfg *Config) error {
+	if err := proxySleepError(pod, cfg); err != nil {
+		return err
+	}
 	for i, v := range cfg.Proxy.Volumes {
 		if slices.ContainsFunc(pod.Spec.Volumes, func(o corev1.Volume) bool { return o.Name == v.Name }) {
-			return deny("the pod's volume %q has the name of the proxy's volume %q (the webhook configuration's proxy.volumes[%d]): rename the pod's volume, or ask the cluster admin to rename the proxy's", v.Name, v.Name, i)
+			return deny("the pod's volume %q has the name of a volume detour adds for the proxy (the webhook configuration's proxy.volumes[%d]): rename the pod's volume, or ask the cluster admin to rename the proxy's", v.Name, i)
 		}
 	}
 	for _, v := range cfg.Proxy.Volumes {

@@ -53,6 +53,23 @@ func TestParseConfigProxyVolumes(t *testing.T) {
 	if got := cfg.Proxy.Volumes[1].Projected.Sources[0].ServiceAccountToken.Audience; got != "mesh.example" {
 		t.Errorf("token audience %q", got)
 	}
+	// The API server's defaults are filled in, so a stored pod is what the webhook wrote.
+	if m := cfg.Proxy.Volumes[0].ConfigMap.DefaultMode; m == nil || *m != 0o644 {
+		t.Errorf("configMap defaultMode %v, want 0644", m)
+	}
+	if m := cfg.Proxy.Volumes[1].Projected.DefaultMode; m == nil || *m != 0o644 {
+		t.Errorf("projected defaultMode %v, want 0644", m)
+	}
+	if e := cfg.Proxy.Volumes[1].Projected.Sources[0].ServiceAccountToken.ExpirationSeconds; e == nil || *e != 3600 {
+		t.Errorf("token expirationSeconds %v, want 3600 as written", e)
+	}
+	if v := cfg.Proxy.Env[0].ValueFrom.FieldRef.APIVersion; v != "v1" {
+		t.Errorf("env fieldRef apiVersion %q, want v1", v)
+	}
+	hook, err := ParseConfig([]byte("proxy: {image: p, lifecycle: {preStop: {httpGet: {port: 4191}}}}"))
+	if err != nil || hook.Proxy.Lifecycle.PreStop.HTTPGet.Path != "/" || hook.Proxy.Lifecycle.PreStop.HTTPGet.Scheme != corev1.URISchemeHTTP {
+		t.Errorf("httpGet hook %+v, %v: want path / and scheme HTTP", hook, err)
+	}
 
 	for _, tc := range []struct{ yaml, want string }{
 		{"proxy: {image: p, volumes: [{name: Conf, emptyDir: {}}]}", `proxy.volumes[0].name: "Conf" is not valid: a volume's name is a DNS label`},
@@ -68,8 +85,18 @@ func TestParseConfigProxyVolumes(t *testing.T) {
 		{"proxy: {image: p, volumes: [{name: a, emptyDir: {}}], volumeMounts: [{name: a, mountPath: /}]}", "detour mounts its own image at /.detour"},
 		{"proxy: {image: p, volumes: [{name: a, emptyDir: {}}], volumeMounts: [{name: a, mountPath: /a}, {name: a, mountPath: /a/}]}", "proxy.volumeMounts[1].mountPath: /a/ is not valid: two mounts have this path"},
 		{"proxy: {image: p, volumes: [{name: a, emptyDir: {}}], volumeMounts: [{name: a, mountPath: /a, mountPropagation: Bidirectional}]}", "proxy.volumeMounts[0].mountPropagation: Bidirectional is not valid: the proxy runs unprivileged"},
-		{"proxy: {image: p, lifecycle: {preStop: {}}}", "proxy.lifecycle.preStop: set exec, httpGet or sleep"},
-		{"proxy: {image: p, lifecycle: {postStart: {httpGet: {host: a.example, port: 80}}}}", "proxy.lifecycle.postStart.httpGet.host: a.example is not valid: leave it unset"},
+		{"proxy: {image: p, volumes: [{name: a, configMap: {}}]}", "proxy.volumes[0].configMap.name: is required"},
+		{"proxy: {image: p, volumes: [{name: a, secret: {}}]}", "proxy.volumes[0].secret.secretName: is required"},
+		{"proxy: {image: p, volumes: [{name: a, projected: {}}]}", "proxy.volumes[0].projected.sources: list at least one source"},
+		{"proxy: {image: p, volumes: [{name: a, projected: {sources: [{serviceAccountToken: {audience: x}}]}}]}", "proxy.volumes[0].projected.sources[0].serviceAccountToken.path: is required"},
+		{"proxy: {image: p, volumes: [{name: a, emptyDir: {}}], volumeMounts: [{name: a, mountPath: /a, subPath: ../etc}]}", `proxy.volumeMounts[0].subPath: "../etc" is not valid: write a path inside the volume`},
+		{"proxy: {image: p, volumes: [{name: a, emptyDir: {}}], volumeMounts: [{name: a, mountPath: /a, subPath: /etc}]}", `proxy.volumeMounts[0].subPath: "/etc" is not valid`},
+		{"proxy: {image: p, lifecycle: {preStop: {}}}", "proxy.lifecycle.preStop: set one of exec, httpGet or sleep"},
+		{"proxy: {image: p, lifecycle: {preStop: {exec: {command: [a]}, sleep: {seconds: 1}}}}", "proxy.lifecycle.preStop: set one of exec, httpGet or sleep"},
+		{"proxy: {image: p, lifecycle: {preStop: {tcpSocket: {port: 80}}}}", "proxy.lifecycle.preStop.tcpSocket: a tcpSocket hook is deprecated"},
+		{"proxy: {image: p, lifecycle: {preStop: {exec: {}}}}", "proxy.lifecycle.preStop.exec.command: is required"},
+		{"proxy: {image: p, lifecycle: {preStop: {sleep: {seconds: -1}}}}", "proxy.lifecycle.preStop.sleep.seconds: -1 is not valid"},
+		{"proxy: {image: p, lifecycle: {postStart: {httpGet: {host: a.example, port: 80}}}}", `proxy.lifecycle.postStart.httpGet.host: "a.example" is not valid: remove it`},
 	} {
 		_, err := ParseConfig([]byte(tc.yaml))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -140,8 +167,47 @@ func TestMutateProxyVolumeCollision(t *testing.T) {
 		p.Spec.Volumes = []corev1.Volume{{Name: "proxy-run", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}}
 	})
 	_, err := Mutate(pod, folded, cfg)
-	if !IsDenial(err) || !strings.Contains(err.Error(), `the pod's volume "proxy-run" has the name of the proxy's volume "proxy-run" (the webhook configuration's proxy.volumes[2]): rename the pod's volume`) {
+	if !IsDenial(err) || !strings.Contains(err.Error(), `the pod's volume "proxy-run" has the name of a volume detour adds for the proxy (the webhook configuration's proxy.volumes[2]): rename the pod's volume`) {
 		t.Errorf("Mutate error = %v, want a denial naming both volumes", err)
+	}
+}
+
+// A sleep hook longer than the pod's grace period, which the API server would refuse, denies
+// the pod with what to change; a pod with a grace period long enough is injected.
+func TestMutateProxySleepAndGracePeriod(t *testing.T) {
+	cfg := kitConfig(t, "") // preStop sleeps 2 s
+	short := newPod(func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = ptr(int64(1)) })
+	_, err := Mutate(short, folded, cfg)
+	if !IsDenial(err) || !strings.Contains(err.Error(), "proxy.lifecycle.preStop.sleep.seconds (2) is longer than the pod's terminationGracePeriodSeconds (1)") {
+		t.Errorf("Mutate error = %v, want a denial naming the sleep and the grace period", err)
+	}
+	for _, grace := range []*int64{nil, ptr(int64(2))} {
+		if _, err := Mutate(newPod(func(p *corev1.Pod) { p.Spec.TerminationGracePeriodSeconds = grace }), folded, cfg); err != nil {
+			t.Errorf("grace period %v: %v", grace, err)
+		}
+	}
+}
+
+// A pod injected with other proxy volumes (the configuration changed since, or detour inject
+// ran with another) loses those that only the proxy mounted; a volume a container of the pod
+// mounts too stays.
+func TestMutateDropsOldProxyVolumes(t *testing.T) {
+	old := kitConfig(t, "")
+	pod := newPod()
+	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "proxy-config", MountPath: "/shared"}}
+	if _, err := Mutate(pod, folded, old); err != nil {
+		t.Fatal(err)
+	}
+	now := gateConfig(t, "", tcpProbe) // no proxy volumes
+	if _, err := Mutate(pod, folded, now); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, v := range pod.Spec.Volumes {
+		names = append(names, v.Name)
+	}
+	if got := strings.Join(names, " "); got != "proxy-config detour-validator" {
+		t.Errorf("volumes %s, want the one the app mounts and detour's", got)
 	}
 }
 

@@ -725,3 +725,72 @@ func TestIntegrationSelfManagedCertificates(t *testing.T) {
 		t.Errorf("the certificate secret: %v", err)
 	}
 }
+
+// What a production proxy needs (issue 43) reaches the stored pod exactly as the webhook wrote
+// it: the API server's defaults on the proxy's volumes, hooks and downward-API env are the
+// webhook's own, so the proxy container and its volumes equal what `detour inject` writes
+// offline for the same pod, field for field, and a re-invocation has nothing to patch.
+func TestIntegrationWebhookProxyVolumes(t *testing.T) {
+	const kit = `
+proxy:
+  image: proxy.example/haproxy:test
+  command: [/usr/sbin/haproxy, -W, -db, -f, /usr/local/etc/haproxy/haproxy.cfg]
+  startupProbe: {httpGet: {path: /ready, port: 4191}}
+  env:
+  - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+  volumes:
+  - {name: proxy-config, configMap: {name: haproxy, optional: true}}
+  - {name: proxy-info, downwardAPI: {items: [{path: labels, fieldRef: {fieldPath: metadata.labels}}]}}
+  - name: proxy-identity
+    projected: {sources: [{serviceAccountToken: {audience: mesh.example, path: token}}]}
+  - {name: proxy-run, emptyDir: {}}
+  volumeMounts:
+  - {name: proxy-config, mountPath: /etc/haproxy}
+  - {name: proxy-info, mountPath: /etc/podinfo}
+  - {name: proxy-identity, mountPath: /var/run/secrets/mesh}
+  - {name: proxy-run, mountPath: /run/haproxy}
+  lifecycle: {preStop: {httpGet: {port: 4191}}}
+validator:
+  image: detour:test
+  mode: init-container
+sidecarMode: native
+`
+	e := startEnvWith(t, envOptions{config: kit})
+	ctx := context.Background()
+	nsAnnotations := map[string]string{annotations.Inject: "enabled"}
+	ns := e.namespace(t, nsAnnotations)
+	pod := testPod("kit", nil)
+	pod.Spec.AutomountServiceAccountToken = ptr(false) // no kube-api-access volume in the way
+	// What the ServiceAccount admission plugin, off in this API server, sets before the webhooks
+	// run; a projected token needs it.
+	pod.Spec.ServiceAccountName = "default"
+	stored, err := e.client.CoreV1().Pods(ns).Create(ctx, pod.DeepCopy(), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	cfg, err := inject.ParseConfig([]byte(kit))
+	if err != nil {
+		t.Fatal(err)
+	}
+	offline := pod.DeepCopy()
+	offline.Namespace = ns
+	if _, err := inject.Mutate(offline, inject.Input{NamespaceAnnotations: nsAnnotations, NativeSidecars: true, Validator: annotations.ValidatorInitContainer}, cfg); err != nil {
+		t.Fatal(err)
+	}
+	proxy := func(p *corev1.Pod) corev1.Container {
+		for _, c := range p.Spec.InitContainers {
+			if c.Name == annotations.ProxyContainer {
+				return c
+			}
+		}
+		t.Fatalf("no proxy in %s", p.Name)
+		return corev1.Container{}
+	}
+	if !equalJSON(t, proxy(stored), proxy(offline)) {
+		t.Error("the stored proxy container differs from what the webhook writes (see the log above)")
+	}
+	if !equalJSON(t, stored.Spec.Volumes, offline.Spec.Volumes) {
+		t.Error("the stored volumes differ from what the webhook writes (see the log above)")
+	}
+}

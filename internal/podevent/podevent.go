@@ -2,6 +2,7 @@
 package podevent
 
 import (
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,11 +23,12 @@ type Source struct {
 }
 
 // Warning returns a Warning Event of src on pod at time at, named after the pod and suffix: the
-// pod's name, cut so that the whole name fits, a dot, then suffix. A suffix that identifies what
+// pod's name, cut so that the whole name fits (and ends in a letter or digit), a dot, then suffix. A suffix that identifies what
 // happened (a sandbox, a pod's UID) makes a second create of the same Event fail with
 // AlreadyExists instead of recording it twice.
 func Warning(src Source, pod *corev1.Pod, at time.Time, reason, action, msg, suffix string) *corev1.Event {
-	prefix := pod.Name[:min(len(pod.Name), max(0, maxName-1-len(suffix)))]
+	// A name cut short must still end in a letter or digit, as an Event's name must.
+	prefix := strings.TrimRight(pod.Name[:min(len(pod.Name), max(0, maxName-1-len(suffix)))], "-.")
 	t := metav1.NewTime(at)
 	return &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: prefix + "." + suffix, Namespace: pod.Namespace},

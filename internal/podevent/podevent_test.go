@@ -19,6 +19,8 @@ func TestWarningName(t *testing.T) {
 		{"web-0", "check-port-1234", "web-0.check-port-1234"},
 		{strings.Repeat("a", 253), "inbound-fallback.0123456789ab", strings.Repeat("a", 253-1-29) + ".inbound-fallback.0123456789ab"},
 		{strings.Repeat("b", 250), "x", strings.Repeat("b", 250) + ".x"},
+		// Cut where the pod's name has a dash or a dot: the Event's name may not end in one there.
+		{strings.Repeat("c", 220) + "-.-" + strings.Repeat("d", 30), "inbound-fallback.0123456789ab", strings.Repeat("c", 220) + ".inbound-fallback.0123456789ab"},
 	} {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: tc.pod, Namespace: "ns", UID: "u1"}}
 		ev := Warning(src, pod, at, "R", "A", "msg", tc.suffix)

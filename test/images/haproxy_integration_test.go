@@ -30,8 +30,9 @@ import (
 // network namespace, running as the proxy UID:
 //   - an IPv4 app connection goes to its original destination, which HAProxy's log names;
 //   - an inbound IPv4 connection reaches the app on the pod's address;
-//   - an IPv6 connection, whose original destination HAProxy 2.6 cannot read, is reset, and
-//     HAProxy does not connect to itself (the loop its 0.0.0.0:0 server would make);
+//   - an IPv6 connection, outbound or inbound, whose original destination HAProxy 2.6 cannot
+//     read, is reset, and HAProxy does not connect to itself (the loop its 0.0.0.0:0 server
+//     would make);
 //   - /ready answers with the downward API's values, /identity serves the token file;
 //   - SIGTERM ends it, as its PID namespace's init (as in a container), with exit code 0.
 func TestIntegrationHAProxy(t *testing.T) {
@@ -138,6 +139,11 @@ func TestIntegrationHAProxy(t *testing.T) {
 	line, err := testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, netip.AddrPortFrom(peerIP6, 8080), 5*time.Second)
 	if line != "" || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
 		t.Errorf("IPv6 outbound: %q, %v; want a reset (HAProxy 2.6 cannot read its original destination)", line, err)
+	}
+	// Inbound over IPv6: the peer's connection to the app is reset the same way.
+	line, err = testenv.DialAs(peer, testenv.Identity{}, nil, netip.AddrPortFrom(podIP6, 8080), 5*time.Second)
+	if line != "" || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
+		t.Errorf("IPv6 inbound: %q, %v; want a reset", line, err)
 	}
 	if n := selfConnections(t, pod); n > 0 {
 		t.Errorf("HAProxy holds %d connections to its own ports: the IPv6 loop", n)

@@ -140,12 +140,16 @@ func (p *Proxy) Proxied(reply, podIP string) bool { return p.peer(podIP).MatchSt
 // ([Env.InstallDetour]) on; the stories read the proxy's log and the app's replies through it.
 func (e *Env) UseProxy(p *Proxy) { e.Proxy = p }
 
+// ProxyImage is the image of e.Proxy as the webhook injects it now (imported, or the cluster's
+// registry once a story moved to it).
+func (e *Env) ProxyImage() string { return e.Proxy.ref(e.img.refs) }
+
 // WaitProxyInjected waits until the webhook injects e.Proxy into a pod of the opted-in
 // namespace ns (a dry-run create): after an install that changed the proxy, a webhook replica of
 // the previous configuration may still answer while it drains.
 func (e *Env) WaitProxyInjected(t testing.TB, ctx context.Context, ns string) {
 	t.Helper()
-	want := e.Proxy.ref(e.img.refs)
+	want := e.ProxyImage()
 	WaitFor(t, ctx, "the webhook to inject "+e.Proxy.Name, 2*time.Minute, func() (bool, error) {
 		p, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, e.Pod("dry-run", ns), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if err != nil {

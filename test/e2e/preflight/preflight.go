@@ -45,7 +45,7 @@ func Check(opts Options) []string {
 	}
 	problems = append(problems, cgroups()...)
 	problems = append(problems, namespaces()...)
-	for _, f := range []func() string{overlay, userNamespaces, seccomp, nft} {
+	for _, f := range []func() string{overlay, userNamespaces, seccomp, nft, haproxy} {
 		if p := f(); p != "" {
 			problems = append(problems, p)
 		}
@@ -258,4 +258,13 @@ func Err(problems []string) error {
 		problems[i] = "  - " + p
 	}
 	return errors.New("the real node cannot run on this machine:\n" + strings.Join(problems, "\n"))
+}
+
+// haproxy checks for the binary the HAProxy test image carries (test/images/haproxy.go), which
+// every e2e run builds with the other test images.
+func haproxy() string {
+	if _, err := os.Stat("/usr/sbin/haproxy"); err != nil {
+		return "/usr/sbin/haproxy is missing: the HAProxy test image carries it (Debian: apt-get install haproxy; hack/host-deps.sh does as root)"
+	}
+	return ""
 }

@@ -118,6 +118,21 @@ func BenchmarkDataPath(b *testing.B) {
 	pod, peer := testenv.NewNetNS(b), testenv.NewNetNS(b)
 	podIP, peerIP := netip.MustParseAddr("10.97.0.2"), netip.MustParseAddr("10.97.0.1")
 	testenv.Link(b, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP, 24)}, peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP, 24)})
+	// Thousands of connections a second between the same two addresses: HAProxy closes its
+	// side to the server first, and each such connection waits 60 s in TIME_WAIT holding its
+	// port. Let new connections reuse those ports, in every row alike, or HAProxy runs out
+	// ("Connect() failed ...: no free ports").
+	for _, ns := range []*testenv.NetNS{pod, peer} {
+		err := ns.Do(func() error {
+			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_tw_reuse", []byte("1"), 0o644); err != nil {
+				return err
+			}
+			return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("1024 65535"), 0o644)
+		})
+		if err != nil {
+			b.Fatalf("set the namespaces' TCP port reuse: %v", err)
+		}
+	}
 
 	cfg := haproxyTestConfig(b, dir) + fmt.Sprintf(`
 frontend direct-outbound

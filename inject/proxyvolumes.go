@@ -52,7 +52,8 @@ func volumeKind(v *corev1.Volume) string {
 }
 
 // completeProxyVolumes checks proxy.volumes, proxy.volumeMounts and proxy.lifecycle into c,
-// with the API server's defaults filled in (proxyDefaults); check collects the errors.
+// with the API server's defaults filled in (defaultVolumeSource, checkHook); check collects the
+// errors.
 func (f *File) completeProxyVolumes(c *Config, check func(error)) {
 	p := f.Proxy
 	names := map[string]bool{}

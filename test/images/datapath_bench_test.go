@@ -105,15 +105,7 @@ func BenchmarkDataPath(b *testing.B) {
 	}
 	const appUID, proxyUID = 1500, inject.DefaultProxyUID
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "detour-datapath-bench-")
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { os.RemoveAll(dir) })
-	built, err := Build(ctx, dir)
-	if err != nil {
-		b.Fatal(err)
-	}
+	dir, built := buildForUIDs(b)
 
 	pod, peer := testenv.NewNetNS(b), testenv.NewNetNS(b)
 	podIP, peerIP := netip.MustParseAddr("10.97.0.2"), netip.MustParseAddr("10.97.0.1")

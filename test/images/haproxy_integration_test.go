@@ -42,15 +42,7 @@ func TestIntegrationHAProxy(t *testing.T) {
 	}
 	const appUID, proxyUID = 1500, inject.DefaultProxyUID
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "detour-haproxy-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	built, err := Build(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, built := buildForUIDs(t)
 	cfgPath := filepath.Join(dir, "haproxy.cfg")
 	if err := os.WriteFile(cfgPath, []byte(haproxyTestConfig(t, dir)), 0o644); err != nil {
 		t.Fatal(err)
@@ -108,6 +100,7 @@ func TestIntegrationHAProxy(t *testing.T) {
 		return body, err
 	}
 	var ready string
+	var err error
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if ready, err = get("/ready"); err == nil || time.Now().After(deadline) {
 			break

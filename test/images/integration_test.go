@@ -33,16 +33,7 @@ func TestIntegrationTestProxy(t *testing.T) {
 	const appUID, proxyUID = 1500, inject.DefaultProxyUID
 	ctx := context.Background()
 
-	// Binaries the proxy and app UIDs may execute (t.TempDir's parents are private).
-	dir, err := os.MkdirTemp("", "detour-images-test-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	built, err := Build(ctx, dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, built := buildForUIDs(t)
 
 	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
 	podIP4, peerIP4 := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.1")
@@ -119,6 +110,23 @@ func TestIntegrationTestProxy(t *testing.T) {
 		})
 	}
 	t.Logf("proxy log:\n%s", readLog(proxyLog))
+}
+
+// buildForUIDs builds the test images and programs into a directory of their own, which the
+// proxy and app UIDs may read and execute (t.TempDir's parents are private), removed when the
+// test ends.
+func buildForUIDs(t testing.TB) (string, *Built) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "detour-images-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	built, err := Build(context.Background(), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir, built
 }
 
 // addrPrefix is how an address:port of a starts, without the port: "10.0.0.1:", "[fd::1]:".

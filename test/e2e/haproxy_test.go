@@ -22,10 +22,7 @@ func TestE2EHAProxy(t *testing.T) {
 	}
 	ctx, cancel := framework.Context(t, e.Node, 30*time.Minute)
 	defer cancel()
-	stories := []struct {
-		name string
-		run  func(*testing.T, context.Context, *framework.Env)
-	}{
+	runStories(t, ctx, e, []story{
 		{"seed000/pods-wait-for-the-agent", seed000Startup},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"seed003/image-users-keep-egress", seed003ImageUsers},
@@ -38,10 +35,5 @@ func TestE2EHAProxy(t *testing.T) {
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"seed000/jobs-complete-after-the-node-broke", seed000Jobs},
-	}
-	for _, s := range stories {
-		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e) }) && ctx.Err() != nil {
-			return
-		}
-	}
+	})
 }

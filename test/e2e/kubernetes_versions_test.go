@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -34,10 +33,7 @@ func TestE2EVersions(t *testing.T) {
 		took            time.Duration
 	}
 	var rows []row
-	stories := []struct {
-		name string
-		run  func(*testing.T, context.Context, *framework.Env)
-	}{
+	stories := []story{
 		{"seed000/pods-wait-for-the-agent", seed000Startup},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"seed003/image-users-keep-egress", seed003ImageUsers},

@@ -34,10 +34,7 @@ func TestE2E(t *testing.T) {
 	e := framework.SetUp(t)
 	ctx, cancel := framework.Context(t, e.Node, 35*time.Minute)
 	defer cancel()
-	stories := []struct {
-		name string
-		run  func(*testing.T, context.Context, *framework.Env)
-	}{
+	runStories(t, ctx, e, []story{
 		{"seed000/pods-wait-for-the-agent", seed000Startup},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"seed003/image-users-keep-egress", seed003ImageUsers},
@@ -69,7 +66,18 @@ func TestE2E(t *testing.T) {
 		{"uninstall/helm", uninstallHelm},
 		{"install/manifest", installManifest},
 		{"upgrade/from-the-previous-release", upgradeSmoke},
-	}
+	})
+}
+
+// story is one user story on the real node, a function of the file of its area.
+type story struct {
+	name string
+	run  func(*testing.T, context.Context, *framework.Env)
+}
+
+// runStories runs stories in order, each a subtest; it stops after a failed one once ctx has
+// ended (what follows would only wait out its time).
+func runStories(t *testing.T, ctx context.Context, e *framework.Env, stories []story) {
 	for _, s := range stories {
 		if !t.Run(s.name, func(t *testing.T) { s.run(t, ctx, e) }) && ctx.Err() != nil {
 			return

@@ -107,9 +107,8 @@ func BenchmarkDataPath(b *testing.B) {
 	ctx := context.Background()
 	dir, built := buildForUIDs(b)
 
-	pod, peer := testenv.NewNetNS(b), testenv.NewNetNS(b)
-	podIP, peerIP := netip.MustParseAddr("10.97.0.2"), netip.MustParseAddr("10.97.0.1")
-	testenv.Link(b, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP, 24)}, peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP, 24)})
+	l := newPodAndPeer(b, 97) // the rows run over IPv4
+	pod, peer, podIP, peerIP := l.pod, l.peer, l.pod4, l.peer4
 	// Thousands of connections a second between the same two addresses: HAProxy closes its
 	// side to the server first, and each such connection waits 60 s in TIME_WAIT holding its
 	// port. Let new connections reuse those ports, in every row alike, or HAProxy runs out
@@ -177,7 +176,7 @@ backend app
 		{"(d) detour, iptables-legacy", detour(iptables.BackendLegacy), peerAddr, podAddr},
 		{"(e) Linkerd's rules, iptables-legacy", func(ctx context.Context) error { return legacyRestore(ctx, pod, linkerdRules) }, peerAddr, podAddr},
 	}
-	clear := func(ctx context.Context) error {
+	clearRules := func(ctx context.Context) error {
 		if err := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables)).Remove(ctx, pod.Path, iptables.IPv4); err != nil {
 			return err
 		}
@@ -191,7 +190,7 @@ backend app
 		order := slices.Clone(rows)
 		r.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
 		for _, row := range order {
-			if err := clear(ctx); err != nil {
+			if err := clearRules(ctx); err != nil {
 				b.Fatalf("round %d, %s: clear the rules: %v", round, row.name, err)
 			}
 			if err := row.setup(ctx); err != nil {

@@ -48,11 +48,8 @@ func TestIntegrationHAProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	podIP4, peerIP4 := netip.MustParseAddr("10.98.0.2"), netip.MustParseAddr("10.98.0.1")
-	podIP6, peerIP6 := netip.MustParseAddr("fd98::2"), netip.MustParseAddr("fd98::1")
-	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP4, 24), netip.PrefixFrom(podIP6, 64)},
-		peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP4, 24), netip.PrefixFrom(peerIP6, 64)})
+	l := newPodAndPeer(t, 98)
+	pod, peer, podIP4, peerIP4, podIP6, peerIP6 := l.pod, l.peer, l.pod4, l.peer4, l.pod6, l.peer6
 	var rulesets []iptables.Ruleset
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
 		rs, err := iptables.Build(iptables.Config{

@@ -35,11 +35,8 @@ func TestIntegrationTestProxy(t *testing.T) {
 
 	_, built := buildForUIDs(t)
 
-	pod, peer := testenv.NewNetNS(t), testenv.NewNetNS(t)
-	podIP4, peerIP4 := netip.MustParseAddr("10.99.0.2"), netip.MustParseAddr("10.99.0.1")
-	podIP6, peerIP6 := netip.MustParseAddr("fd99::2"), netip.MustParseAddr("fd99::1")
-	testenv.Link(t, pod, "eth0", []netip.Prefix{netip.PrefixFrom(podIP4, 24), netip.PrefixFrom(podIP6, 64)},
-		peer, "eth0", []netip.Prefix{netip.PrefixFrom(peerIP4, 24), netip.PrefixFrom(peerIP6, 64)})
+	l := newPodAndPeer(t, 99)
+	pod, peer, podIP4, peerIP4, podIP6, peerIP6 := l.pod, l.peer, l.pod4, l.peer4, l.pod6, l.peer6
 
 	var rulesets []iptables.Ruleset
 	for _, f := range []iptables.Family{iptables.IPv4, iptables.IPv6} {
@@ -110,6 +107,27 @@ func TestIntegrationTestProxy(t *testing.T) {
 		})
 	}
 	t.Logf("proxy log:\n%s", readLog(proxyLog))
+}
+
+// podAndPeer is a pod-like network namespace and a peer linked by a veth (eth0 in each), with
+// their IPv4 and IPv6 addresses.
+type podAndPeer struct {
+	pod, peer                *testenv.NetNS
+	pod4, peer4, pod6, peer6 netip.Addr
+}
+
+// newPodAndPeer links a new pod and peer: 10.<n>.0.2 and fd<n>::2 the pod's, 10.<n>.0.1 and
+// fd<n>::1 the peer's (n from 10 to 99, one per test of the package).
+func newPodAndPeer(t testing.TB, n int) podAndPeer {
+	t.Helper()
+	l := podAndPeer{
+		pod: testenv.NewNetNS(t), peer: testenv.NewNetNS(t),
+		pod4: netip.MustParseAddr(fmt.Sprintf("10.%d.0.2", n)), peer4: netip.MustParseAddr(fmt.Sprintf("10.%d.0.1", n)),
+		pod6: netip.MustParseAddr(fmt.Sprintf("fd%d::2", n)), peer6: netip.MustParseAddr(fmt.Sprintf("fd%d::1", n)),
+	}
+	testenv.Link(t, l.pod, "eth0", []netip.Prefix{netip.PrefixFrom(l.pod4, 24), netip.PrefixFrom(l.pod6, 64)},
+		l.peer, "eth0", []netip.Prefix{netip.PrefixFrom(l.peer4, 24), netip.PrefixFrom(l.peer6, 64)})
+	return l
 }
 
 // buildForUIDs builds the test images and programs into a directory of their own, which the

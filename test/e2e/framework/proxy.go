@@ -123,9 +123,7 @@ func (p *Proxy) InboundLogged(log string) bool { return p.inbound.MatchString(lo
 
 // OutboundLogged reports whether the proxy's log shows a connection it carried to its original
 // destination dst (host:port).
-func (p *Proxy) OutboundLogged(log, dst string) bool {
-	return strings.Contains(log, fmt.Sprintf(p.outbound, dst))
-}
+func (p *Proxy) OutboundLogged(log, dst string) bool { return p.OutboundCount(log, dst) > 0 }
 
 // OutboundCount counts the connections to dst in the proxy's log.
 func (p *Proxy) OutboundCount(log, dst string) int {

@@ -49,6 +49,16 @@ func ImageVolumes(info corev1.NodeSystemInfo) (bool, string) {
 	return true, fmt.Sprintf("the kubelet %s and %s %s mount image volumes", info.KubeletVersion, name, v)
 }
 
+// NodeVersionsKnown reports whether info names both the kubelet's and the runtime's versions:
+// a kubelet whose runtime does not answer (restarting) reports "<runtime>://Unknown", which
+// says nothing of whether the node mounts image volumes.
+func NodeVersionsKnown(info corev1.NodeSystemInfo) bool {
+	_, kubelet := utilversion.ParseGeneric(info.KubeletVersion)
+	_, v, _ := strings.Cut(info.ContainerRuntimeVersion, "://")
+	_, runtime := utilversion.ParseGeneric(v)
+	return kubelet == nil && runtime == nil
+}
+
 // Cluster is what the webhook knows of the cluster when it decides where the validator's check
 // runs.
 type Cluster struct {

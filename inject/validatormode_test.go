@@ -357,3 +357,20 @@ func TestMutateWarnsAboutAContainerOnTheCheckPort(t *testing.T) {
 		t.Errorf("ParseConfig with an admin port on the check port: %v, want validator.checkPort refused", err)
 	}
 }
+
+func TestNodeVersionsKnown(t *testing.T) {
+	for _, tc := range []struct {
+		kubelet, runtime string
+		want             bool
+	}{
+		{"v1.37.2", "containerd://2.4.2", true},
+		{"v1.37.2", "cri-o://1.31.0", true},
+		{"v1.37.2", "containerd://Unknown", false}, // the runtime restarting
+		{"v1.37.2", "", false},
+		{"", "containerd://2.4.2", false},
+	} {
+		if got := NodeVersionsKnown(corev1.NodeSystemInfo{KubeletVersion: tc.kubelet, ContainerRuntimeVersion: tc.runtime}); got != tc.want {
+			t.Errorf("NodeVersionsKnown(%q, %q) = %v, want %v", tc.kubelet, tc.runtime, got, tc.want)
+		}
+	}
+}

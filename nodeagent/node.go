@@ -44,12 +44,13 @@ func (n *nodeReadiness) markReady(ctx context.Context) (bool, error) {
 		boot := node.Status.NodeInfo.BootID
 		// The image volumes label follows the node's software, not detour's readiness: it is
 		// only ever removed from a node that can no longer mount image volumes (see
-		// annotations.ImageVolumesLabel).
+		// annotations.ImageVolumesLabel), not while the kubelet cannot tell its runtime's
+		// version (it reports "Unknown" while the runtime restarts).
+		_, labelled := node.Labels[annotations.ImageVolumesLabel]
 		var imageVolumes any
-		if ok, _ := inject.ImageVolumes(node.Status.NodeInfo); ok {
+		if ok, _ := inject.ImageVolumes(node.Status.NodeInfo); ok || labelled && !inject.NodeVersionsKnown(node.Status.NodeInfo) {
 			imageVolumes = "true"
 		}
-		_, labelled := node.Labels[annotations.ImageVolumesLabel]
 		if len(taints) == len(node.Spec.Taints) && node.Labels[annotations.CNIReadyLabel] == "true" &&
 			(boot == "" || node.Annotations[annotations.CNIReadyBootAnnotation] == boot) &&
 			labelled == (imageVolumes != nil) {

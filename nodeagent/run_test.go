@@ -249,4 +249,17 @@ func TestRunFollowsTheNodesUpdates(t *testing.T) {
 		l := labels()
 		return l[annotations.CNIReadyLabel] == "true" && l[annotations.ImageVolumesLabel] == "true"
 	})
+
+	// The runtime restarting: the kubelet reports its version "Unknown" (CI's soak met it, its
+	// containerd restarted right after its kubelet). The node's software has not changed, so
+	// the label stays: a kubelet restarted meanwhile would reject the running pods that select
+	// it. The ready label taken off in the same update shows that the agent acted on it.
+	update(func(n *corev1.Node) {
+		n.Status.NodeInfo.ContainerRuntimeVersion = "containerd://Unknown"
+		delete(n.Labels, annotations.CNIReadyLabel)
+	})
+	eventually(t, "the agent to mark the node again", func() bool { return labels()[annotations.CNIReadyLabel] == "true" })
+	if labels()[annotations.ImageVolumesLabel] != "true" {
+		t.Error("the image-volumes label went while the runtime's version was Unknown")
+	}
 }

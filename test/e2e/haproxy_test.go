@@ -14,7 +14,8 @@ import (
 // meshed pod (make e2e-haproxy, issue 43): the HAProxy image with its own configuration, the
 // volumes, downward-API env and start gate it needs from the webhook (framework.HAProxy). The
 // stories are TestE2E's, which read the proxy through framework.Proxy; then what HAProxy itself
-// needs: its volumes and env in place, and its end on SIGTERM.
+// needs: its volumes and env in place, and its end on SIGTERM; last, the upgrade from the
+// previous release with HAProxy in every meshed pod.
 func TestE2EHAProxy(t *testing.T) {
 	e := framework.SetUp(t)
 	if e.Proxy != framework.HAProxy {
@@ -35,5 +36,9 @@ func TestE2EHAProxy(t *testing.T) {
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 		{"seed000/jobs-complete-after-the-node-broke", seed000Jobs},
+		// The previous release (v0.1.0) cannot mount volumes: its pods run HAProxy with the
+		// image's unmounted configuration (framework.Proxy.ForRelease), the upgraded release's
+		// with the volumes.
+		{"upgrade/from-the-previous-release", upgradeSmoke},
 	})
 }

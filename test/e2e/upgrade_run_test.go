@@ -267,7 +267,7 @@ func (u *upgradeRun) withoutBackend(at time.Time) bool {
 }
 
 // checkWorker proves each queued pod captured — the app sees the node's connection come from
-// its proxy (127.0.0.1) — and deletes it unless it is kept.
+// its proxy — and deletes it unless it is kept.
 func (u *upgradeRun) checkWorker(ctx context.Context) {
 	for {
 		select {
@@ -281,7 +281,7 @@ func (u *upgradeRun) checkWorker(ctx context.Context) {
 					continue
 				}
 				verdict = "captured"
-				if !strings.Contains(reply, "peer=127.0.0.1:") && !strings.Contains(reply, "peer=[::1]:") {
+				if !u.e.Proxy.Proxied(reply) {
 					verdict = "bypassed: the app saw " + strings.TrimSpace(reply)
 				}
 				break
@@ -315,7 +315,7 @@ func (u *upgradeRun) checkWorker(ctx context.Context) {
 }
 
 // traffic connects from the node to each steady pod every 200 ms, through its proxy's inbound
-// listener: the app must answer and see the proxy (127.0.0.1) as its peer.
+// listener: the app must answer and see the proxy as its peer.
 func (u *upgradeRun) traffic(ctx context.Context) {
 	pods, err := u.e.Pods(ctx, upgradeNS, upgradeLabel+"=steady")
 	if err != nil {
@@ -330,7 +330,7 @@ func (u *upgradeRun) traffic(ctx context.Context) {
 				return
 			}
 			u.count(at, figRequests, 1)
-			if err != nil || !strings.Contains(reply, "peer=127.0.0.1:") {
+			if err != nil || !u.e.Proxy.Proxied(reply) {
 				u.count(at, figFailed, 1)
 				u.note("request to steady pod %s at %s: %q %v", p.Name, at.UTC().Format("15:04:05.000"), strings.TrimSpace(reply), err)
 			}
@@ -357,7 +357,7 @@ func (u *upgradeRun) clientDials(ctx context.Context, addr string) {
 		dials++
 		u.count(at, figRequests, 1)
 		switch {
-		case strings.HasPrefix(msg, "dial "+addr+" ok: ") && strings.Contains(msg, "peer=127.0.0.1:"):
+		case strings.HasPrefix(msg, "dial "+addr+" ok: ") && u.e.Proxy.Proxied(msg):
 		case !strings.HasPrefix(msg, "dial "+addr+" ok: ") && u.withoutBackend(at):
 			u.count(at, figNoBackend, 1)
 			u.t.Logf("upgrade: the mesh client at %s, while no steady pod was Ready: %s", at.UTC().Format("15:04:05.000"), msg)

@@ -44,6 +44,25 @@ const linkerdRules = `*nat
 COMMIT
 `
 
+// natPort is the port row (f)'s clients dial, which one NAT rule in the pod turns into the
+// server's 8080.
+const natPort = 8081
+
+// natRules are row (f)'s: one NAT rule each way, as a redirect's first packet meets it, and no
+// proxy: outbound to the peer's natPort is sent to its 8080, inbound to the pod's natPort to
+// the app's 8080.
+func natRules(peer netip.Addr) string {
+	return fmt.Sprintf(`*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+-A PREROUTING -p tcp --dport %[1]d -j REDIRECT --to-ports 8080
+-A OUTPUT -d %[2]s -p tcp --dport %[1]d -j DNAT --to-destination %[2]s:8080
+COMMIT
+`, natPort, peer)
+}
+
 // emptyNat flushes the legacy nat table.
 const emptyNat = "*nat\n:PREROUTING ACCEPT [0:0]\n:INPUT ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"
 
@@ -57,6 +76,8 @@ const (
 // dataPathRow is one way between the client and the server.
 type dataPathRow struct {
 	name string
+	// against is the index of the row its figures are set against, or -1.
+	against int
 	// setup installs the row's rules in the pod (after every other row's are gone).
 	setup func(ctx context.Context) error
 	// out and in are the addresses the outbound client (in the pod) and the inbound one (in
@@ -75,13 +96,15 @@ var loadLine = regexp.MustCompile(`cps@1=(\d+) cps@16=(\d+) bytes=\d+ seconds=[0
 
 // BenchmarkDataPath measures the data path through HAProxy (the HAProxy image's configuration
 // and binary, as the proxy UID) in a pod-like network namespace, outbound (the app in the pod
-// dials a peer namespace) and inbound (the peer dials the app), over IPv4, five ways:
+// dials a peer namespace) and inbound (the peer dials the app), over IPv4, six ways:
 //
 //	(a) no mesh: the client dials the server;
 //	(b) the client dials HAProxy directly, which connects to the server (the proxy's own cost);
 //	(c) detour's nftables rules, with the inbound socket lookup (listening);
 //	(d) detour's iptables-legacy rules, the same;
-//	(e) Linkerd's rules as its proxy-init writes them (linkerdRules).
+//	(e) Linkerd's rules as its proxy-init writes them (linkerdRules);
+//	(f) no mesh, through one NAT rule (natRules): what a redirect costs the kernel, without a
+//	    proxy, set against (a).
 //
 // Each round runs every row in a new random order, and each row, in each direction, a client
 // (the workload program's load) that times DATAPATH_CONNS connections one after another (connect
@@ -170,11 +193,13 @@ backend app
 	none := func(context.Context) error { return nil }
 	peerAddr, podAddr := netip.AddrPortFrom(peerIP, 8080).String(), netip.AddrPortFrom(podIP, 8080).String()
 	rows := []dataPathRow{
-		{"(a) no mesh", none, peerAddr, podAddr},
-		{"(b) HAProxy dialled directly", none, fmt.Sprintf("127.0.0.1:%d", directOutboundPort), netip.AddrPortFrom(podIP, directInboundPort).String()},
-		{"(c) detour, nftables", detour(iptables.BackendNFTables), peerAddr, podAddr},
-		{"(d) detour, iptables-legacy", detour(iptables.BackendLegacy), peerAddr, podAddr},
-		{"(e) Linkerd's rules, iptables-legacy", func(ctx context.Context) error { return legacyRestore(ctx, pod, linkerdRules) }, peerAddr, podAddr},
+		{"(a) no mesh", -1, none, peerAddr, podAddr},
+		{"(b) HAProxy dialled directly", -1, none, fmt.Sprintf("127.0.0.1:%d", directOutboundPort), netip.AddrPortFrom(podIP, directInboundPort).String()},
+		{"(c) detour, nftables", 1, detour(iptables.BackendNFTables), peerAddr, podAddr},
+		{"(d) detour, iptables-legacy", 1, detour(iptables.BackendLegacy), peerAddr, podAddr},
+		{"(e) Linkerd's rules, iptables-legacy", 1, func(ctx context.Context) error { return legacyRestore(ctx, pod, linkerdRules) }, peerAddr, podAddr},
+		{"(f) no mesh, one NAT rule", 0, func(ctx context.Context) error { return legacyRestore(ctx, pod, natRules(peerIP)) },
+			netip.AddrPortFrom(peerIP, natPort).String(), netip.AddrPortFrom(podIP, natPort).String()},
 	}
 	clearRules := func(ctx context.Context) error {
 		if err := iptables.NewExecutor(iptables.WithBackend(iptables.BackendNFTables)).Remove(ctx, pod.Path, iptables.IPv4); err != nil {
@@ -235,7 +260,7 @@ backend app
 
 // dataPathTable is the benchmark's table: per row and direction, the connection set-up p50 and
 // p99 over every timed connection, the median over the rounds of the connections per second and
-// of the bulk MiB/s, and each figure's difference from row (b).
+// of the bulk MiB/s, and each figure's difference from the row it is set against.
 func dataPathTable(rows []dataPathRow, cells map[string]*dataPathCell, rounds, conns, size int, rateFor time.Duration) string {
 	var s strings.Builder
 	fmt.Fprintf(&s, "\nData path through HAProxy, IPv4: %d rounds, rows in random order in each; per round and direction %d timed connections, %s at 1 and at 16 clients, %d MiB through one connection.\n\n",
@@ -253,11 +278,14 @@ func dataPathTable(rows []dataPathRow, cells map[string]*dataPathCell, rounds, c
 		}
 	}
 	for _, dir := range []string{"out", "in"} {
-		base := get(cells[rows[1].name+"/"+dir])
-		for i, row := range rows {
+		for _, row := range rows {
 			f := get(cells[row.name+"/"+dir])
+			var base figures
+			if row.against >= 0 {
+				base = get(cells[rows[row.against].name+"/"+dir])
+			}
 			delta := func(v, b float64) string {
-				if i < 2 {
+				if row.against < 0 {
 					return ""
 				}
 				return fmt.Sprintf(" (%+.1f%%)", (v-b)/b*100)
@@ -267,7 +295,7 @@ func dataPathTable(rows []dataPathRow, cells map[string]*dataPathCell, rounds, c
 				f.cps16, delta(f.cps16, base.cps16), f.mibs, delta(f.mibs, base.mibs))
 		}
 	}
-	fmt.Fprintf(&s, "\nPercentages: against (b), HAProxy dialled directly. Set-up: %d connections per row and direction.\n", rounds*conns)
+	fmt.Fprintf(&s, "\nPercentages: (c) to (e) against (b), HAProxy dialled directly; (f) against (a). Set-up: %d connections per row and direction.\n", rounds*conns)
 	return s.String()
 }
 

@@ -17,8 +17,12 @@ import (
 // binary the HAProxy image carries.
 const HAProxyBinary = "/usr/sbin/haproxy"
 
-// HAProxyConfigPath is the HAProxy configuration's path in the image.
-const HAProxyConfigPath = "/usr/local/etc/haproxy/haproxy.cfg"
+// HAProxyConfigPath is the HAProxy configuration's path in the image; HAProxyUnmountedPath is
+// its HAProxyUnmountedConfig.
+const (
+	HAProxyConfigPath    = "/usr/local/etc/haproxy/haproxy.cfg"
+	HAProxyUnmountedPath = "/usr/local/etc/haproxy/unmounted.cfg"
+)
 
 // HAProxyCommand is how the image runs HAProxy: in the foreground (-db) and in master-worker
 // mode (-W). As its container's PID 1 HAProxy must handle SIGTERM itself — the kernel ignores a
@@ -33,6 +37,24 @@ var HAProxyCommand = []string{HAProxyBinary, "-W", "-db", "-f", HAProxyConfigPat
 //go:embed haproxy.cfg
 var HAProxyConfig []byte
 
+// HAProxyUnmountedConfig is HAProxyConfig without the lines that need a volume (those ending in
+// "# mounted": the admin socket's directory, the identity token): HAProxy as the proxy of a
+// release whose webhook cannot mount volumes (v0.1.0), as the upgrade story installs it.
+var HAProxyUnmountedConfig = withoutMounted(HAProxyConfig)
+
+// HAProxyUnmountedCommand runs HAProxy as HAProxyCommand does, with HAProxyUnmountedConfig.
+var HAProxyUnmountedCommand = []string{HAProxyBinary, "-W", "-db", "-f", HAProxyUnmountedPath}
+
+func withoutMounted(cfg []byte) []byte {
+	var out bytes.Buffer
+	for line := range bytes.Lines(cfg) {
+		if !bytes.HasSuffix(bytes.TrimRight(line, " \n"), []byte("# mounted")) {
+			out.Write(line)
+		}
+	}
+	return out.Bytes()
+}
+
 // haproxySpec is the HAProxy image: the host's haproxy binary, the shared libraries it links
 // (as the dynamic loader resolves them here) and its configuration. Its user comes from the
 // pod (the webhook sets the proxy UID).
@@ -44,6 +66,7 @@ func haproxySpec(ref string) (image.Spec, error) {
 	files := []image.File{
 		{Path: HAProxyBinary, Source: HAProxyBinary, Mode: 0o755},
 		{Path: HAProxyConfigPath, Data: HAProxyConfig, Mode: 0o644},
+		{Path: HAProxyUnmountedPath, Data: HAProxyUnmountedConfig, Mode: 0o644},
 		{Path: "/etc/passwd", Data: []byte("root:x:0:0:root:/root:/sbin/nologin\n"), Mode: 0o644},
 		{Path: "/etc/group", Data: []byte("root:x:0:\n"), Mode: 0o644},
 		{Path: "/run/haproxy", Dir: true, Mode: 0o1777},

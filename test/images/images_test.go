@@ -266,3 +266,44 @@ func (f *syncFile) String() string {
 	defer f.mu.Unlock()
 	return f.b.String()
 }
+
+// The unmounted configuration is the image's without the two lines that need a volume, and
+// HAProxy accepts it with neither the admin socket's directory nor the token in place.
+func TestHAProxyUnmountedConfig(t *testing.T) {
+	full, unmounted := string(HAProxyConfig), string(HAProxyUnmountedConfig)
+	if got, want := strings.Count(full, "\n")-strings.Count(unmounted, "\n"), 2; got != want {
+		t.Errorf("unmounted.cfg has %d lines fewer than haproxy.cfg, want %d", got, want)
+	}
+	directives := func(cfg string) string { // without the comment lines
+		var s strings.Builder
+		for line := range strings.Lines(cfg) {
+			if !strings.HasPrefix(strings.TrimSpace(line), "#") {
+				s.WriteString(line)
+			}
+		}
+		return s.String()
+	}
+	for _, mounted := range []string{"/run/haproxy/", "/var/run/secrets/mesh/"} {
+		inFull, inUnmounted := strings.Contains(directives(full), mounted), strings.Contains(directives(unmounted), mounted)
+		if !inFull || inUnmounted {
+			t.Errorf("%s: in haproxy.cfg %v, in unmounted.cfg %v; want only in haproxy.cfg", mounted, inFull, inUnmounted)
+		}
+	}
+	if got := string(withoutMounted([]byte("a\nb # mounted\nc # mounted  \nd # mounted here\n"))); got != "a\nd # mounted here\n" {
+		t.Errorf("withoutMounted = %q", got)
+	}
+	if _, err := os.Stat(HAProxyBinary); err != nil {
+		t.Skipf("%s: %v (bash hack/host-deps.sh installs Debian's haproxy package)", HAProxyBinary, err)
+	}
+	dir := t.TempDir()
+	for name, cfg := range map[string][]byte{"unmounted.cfg": HAProxyUnmountedConfig, "haproxy.cfg": HAProxyConfig} {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, cfg, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		out, err := exec.Command(HAProxyBinary, "-c", "-f", path).CombinedOutput()
+		if want := name == "unmounted.cfg"; (err == nil) != want {
+			t.Errorf("haproxy -c -f %s without the volumes: %v, want valid %v\n%s", name, err, want, out)
+		}
+	}
+}

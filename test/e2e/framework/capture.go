@@ -34,7 +34,7 @@ func (e *Env) AssertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 	if err != nil {
 		t.Fatalf("the app of %s never replied on %s:8080: %v", p.Name, p.Status.PodIP, err)
 	}
-	if !e.Proxy.Proxied(reply, p.Status.PodIP) {
+	if !e.Proxy.Proxied(reply) {
 		t.Errorf("the app of %s saw a connection that did not come through the %s proxy: %q", p.Name, e.Proxy.Name, reply)
 	}
 	// HAProxy logs a connection when it ends.

@@ -50,6 +50,8 @@ type imageSet struct {
 	pull      corev1.PullPolicy
 	// chart is helm's chart argument and the flags that go with it.
 	chart []string
+	// proxy is the proxy the chart's webhook injects, if not the run's (Env.Proxy).
+	proxy *Proxy
 }
 
 // Run is the TestMain of a test binary that uses the framework: it serves as a node's

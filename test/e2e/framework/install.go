@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -85,7 +86,7 @@ webhook:
   repair:
     rate: 5
     burst: 5
-`, img.repo, img.tag, img.pull, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath(), e.Proxy.webhookConfig(img))
+`, img.repo, img.tag, img.pull, e.Node.CNIConfDir, e.Node.CNIBinDir, AgentLabel, e.PluginLogPath(), cmp.Or(img.proxy, e.Proxy).webhookConfig(img))
 }
 
 // importedImages are the images as the node imported them and the chart's directory.

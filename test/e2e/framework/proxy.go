@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"regexp"
 	"strings"
@@ -34,8 +35,12 @@ type Proxy struct {
 	// outbound connection's original destination (%s: host:port).
 	inbound  *regexp.Regexp
 	outbound string
-	// peer matches the app's view of a connection the proxy made to it (%s: the pod's IP).
-	peer func(podIP string) *regexp.Regexp
+	// fromProxy reports whether a connection the app accepted on local came from the proxy at
+	// peer.
+	fromProxy func(peer, local netip.Addr) bool
+	// unmounted is the proxy for a release whose webhook cannot mount volumes (v0.1.0), or nil
+	// when the proxy needs none: what the upgrade story installs the previous release with.
+	unmounted *Proxy
 }
 
 // TestProxy is the test proxy (test/images/testproxy): it hands inbound connections to the
@@ -49,22 +54,41 @@ var TestProxy = &Proxy{
         periodSeconds: 1
         failureThreshold: 30
 `,
-	ref:      func(r images.Refs) string { return r.Proxy },
-	inbound:  regexp.MustCompile(`proxy inbound `),
-	outbound: "-> %s",
-	peer: func(string) *regexp.Regexp {
-		return regexp.MustCompile(`peer=(127\.0\.0\.1|\[::1\]):`)
-	},
+	ref:       func(r images.Refs) string { return r.Proxy },
+	inbound:   regexp.MustCompile(`proxy inbound `),
+	outbound:  "-> %s",
+	fromProxy: func(peer, _ netip.Addr) bool { return peer.IsLoopback() },
 }
 
 // HAProxy is HAProxy 2.6 with the HAProxy image's configuration (test/images/haproxy.cfg): it
 // connects to each connection's original destination (an inbound one reaches the app on the
 // pod's own address), logs "original=<destination>" when the connection ends, answers its
 // start gate on /ready with the downward API's pod name and IP, and needs a writable
-// /run/haproxy and an identity token, which the webhook mounts (proxy.volumes).
+// /run/haproxy and an identity token, which the webhook mounts (proxy.volumes). A release
+// whose webhook cannot mount them runs the image's unmounted configuration instead.
 var HAProxy = &Proxy{
 	Name:    "haproxy",
 	Command: images.HAProxyCommand,
+	config: haproxyUnmounted.config + `      volumes:
+      - {name: proxy-run, emptyDir: {medium: Memory}}
+      - name: proxy-identity
+        projected: {sources: [{serviceAccountToken: {audience: mesh.detour.test, expirationSeconds: 3600, path: token}}]}
+      volumeMounts:
+      - {name: proxy-run, mountPath: /run/haproxy}
+      - {name: proxy-identity, mountPath: /var/run/secrets/mesh, readOnly: true}
+`,
+	ref:       haproxyUnmounted.ref,
+	inbound:   haproxyUnmounted.inbound,
+	outbound:  haproxyUnmounted.outbound,
+	fromProxy: haproxyUnmounted.fromProxy,
+	unmounted: haproxyUnmounted,
+}
+
+// haproxyUnmounted is HAProxy with the image's unmounted configuration (no admin socket, no
+// /identity), for a release whose webhook cannot mount volumes.
+var haproxyUnmounted = &Proxy{
+	Name:    "haproxy",
+	Command: images.HAProxyUnmountedCommand,
 	config: `      startupProbe:
         httpGet: {path: /ready, port: 4191}
         periodSeconds: 1
@@ -75,20 +99,13 @@ var HAProxy = &Proxy{
       env:
       - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
       - {name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}
-      volumes:
-      - {name: proxy-run, emptyDir: {medium: Memory}}
-      - name: proxy-identity
-        projected: {sources: [{serviceAccountToken: {audience: mesh.detour.test, expirationSeconds: 3600, path: token}}]}
-      volumeMounts:
-      - {name: proxy-run, mountPath: /run/haproxy}
-      - {name: proxy-identity, mountPath: /var/run/secrets/mesh, readOnly: true}
 `,
 	ref:      func(r images.Refs) string { return r.HAProxy },
 	inbound:  regexp.MustCompile(`detour-haproxy inbound \S+ original=`),
 	outbound: "original=%s ",
-	peer: func(podIP string) *regexp.Regexp {
-		return regexp.MustCompile(`peer=` + regexp.QuoteMeta(podIP) + `:`)
-	},
+	// HAProxy connects to the app on the pod's own address (loopback is the pod's own traffic,
+	// never redirected).
+	fromProxy: func(peer, local netip.Addr) bool { return peer == local && !peer.IsLoopback() },
 }
 
 // proxyFromEnv is the proxy DETOUR_E2E_PROXY names (the test proxy when unset).
@@ -130,9 +147,32 @@ func (p *Proxy) OutboundCount(log, dst string) int {
 	return strings.Count(log, fmt.Sprintf(p.outbound, dst))
 }
 
+// replyAddrs are the addresses in the workload's serve line: "... peer=<remote> local=<local>".
+var replyAddrs = regexp.MustCompile(`peer=(\S+) local=(\S+)`)
+
 // Proxied reports whether the app's reply (the workload's serve line) shows a connection the
-// proxy made, to the app of the pod with IP podIP.
-func (p *Proxy) Proxied(reply, podIP string) bool { return p.peer(podIP).MatchString(reply) }
+// proxy made to it.
+func (p *Proxy) Proxied(reply string) bool {
+	m := replyAddrs.FindStringSubmatch(reply)
+	if m == nil {
+		return false
+	}
+	peer, err := netip.ParseAddrPort(m[1])
+	if err != nil {
+		return false
+	}
+	local, err := netip.ParseAddrPort(m[2])
+	return err == nil && p.fromProxy(peer.Addr().Unmap(), local.Addr().Unmap())
+}
+
+// ForRelease is the proxy to install release r with: p, or what p runs without volumes when
+// r's webhook cannot mount them (every release before proxy.volumes: v0.1.0).
+func (p *Proxy) ForRelease(r *Release) *Proxy {
+	if p.unmounted != nil && r != nil && r.Version == "v0.1.0" {
+		return p.unmounted
+	}
+	return p
+}
 
 // UseProxy makes p the proxy of the pods injected from the next install of detour
 // ([Env.InstallDetour]) on; the stories read the proxy's log and the app's replies through it.

@@ -144,7 +144,8 @@ func gitCmd(ctx context.Context, dir string, args ...string) ([]byte, error) {
 
 // InstallRelease installs (or upgrades, or downgrades) detour's chart to release r: its image
 // is imported into every node of the cluster first, and its own chart installed with the e2e
-// values naming that image, and extra applied over them.
+// values naming that image and the run's proxy as r can carry it (Proxy.ForRelease), and extra
+// applied over them.
 func (e *Env) InstallRelease(t testing.TB, ctx context.Context, r *Release, extra string) {
 	t.Helper()
 	for _, n := range e.Node.Nodes() {
@@ -152,6 +153,6 @@ func (e *Env) InstallRelease(t testing.TB, ctx context.Context, r *Release, extr
 			t.Fatalf("import %s's image into %s: %v", r.Version, n.Name, err)
 		}
 	}
-	img := imageSet{repo: r.Repo, tag: r.Tag, refs: e.img.refs, pull: corev1.PullNever, chart: []string{r.Chart}}
+	img := imageSet{repo: r.Repo, tag: r.Tag, refs: e.img.refs, pull: corev1.PullNever, chart: []string{r.Chart}, proxy: e.Proxy.ForRelease(r)}
 	e.helmInstall(t, ctx, img, extra, true)
 }

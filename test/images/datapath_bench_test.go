@@ -44,23 +44,27 @@ const linkerdRules = `*nat
 COMMIT
 `
 
-// natPort is the port row (f)'s clients dial, which one NAT rule in the pod turns into the
-// server's 8080.
-const natPort = 8081
+// Row (f)'s clients dial natPort, which one NAT rule in the pod turns into natServerPort, where
+// servers of row (f)'s own listen: the other rows' connections to 8080 leave conntrack entries
+// (120 s in TIME_WAIT) that a NAT'd connection to the same server would clash with.
+const (
+	natPort       = 8081
+	natServerPort = 8082
+)
 
 // natRules are row (f)'s: one NAT rule each way, as a redirect's first packet meets it, and no
-// proxy: outbound to the peer's natPort is sent to its 8080, inbound to the pod's natPort to
-// the app's 8080.
+// proxy: outbound to the peer's natPort is sent to its natServerPort, inbound to the pod's
+// natPort to the pod's natServerPort.
 func natRules(peer netip.Addr) string {
 	return fmt.Sprintf(`*nat
 :PREROUTING ACCEPT [0:0]
 :INPUT ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :POSTROUTING ACCEPT [0:0]
--A PREROUTING -p tcp --dport %[1]d -j REDIRECT --to-ports 8080
--A OUTPUT -d %[2]s -p tcp --dport %[1]d -j DNAT --to-destination %[2]s:8080
+-A PREROUTING -p tcp --dport %[1]d -j REDIRECT --to-ports %[3]d
+-A OUTPUT -d %[2]s -p tcp --dport %[1]d -j DNAT --to-destination %[2]s:%[3]d
 COMMIT
-`, natPort, peer)
+`, natPort, peer, natServerPort)
 }
 
 // emptyNat flushes the legacy nat table.
@@ -110,7 +114,9 @@ var loadLine = regexp.MustCompile(`cps@1=(\d+) cps@16=(\d+) bytes=\d+ seconds=[0
 // (the workload program's load) that times DATAPATH_CONNS connections one after another (connect
 // to the server's first line), counts connections per second with 1 and 16 concurrent clients
 // for DATAPATH_RATE_FOR each, and sends DATAPATH_BYTES through one connection. It prints a table
-// over DATAPATH_ROUNDS rounds (make bench-datapath; docs/benchmarks.md).
+// over DATAPATH_ROUNDS rounds (make bench-datapath; docs/benchmarks.md). DATAPATH_MAX_TW sets
+// the namespaces' tcp_max_tw_buckets: 0 keeps no TIME_WAIT socket, which shows what the app's
+// and the proxy's TIME_WAITs towards the same destination cost the rows that redirect.
 func BenchmarkDataPath(b *testing.B) {
 	testenv.Privileged(b)
 	if _, err := os.Stat(HAProxyBinary); err != nil {
@@ -141,6 +147,11 @@ func BenchmarkDataPath(b *testing.B) {
 			if err := os.WriteFile("/proc/sys/net/ipv4/tcp_tw_reuse", []byte("1"), 0o644); err != nil {
 				return err
 			}
+			if v := os.Getenv("DATAPATH_MAX_TW"); v != "" {
+				if err := os.WriteFile("/proc/sys/net/ipv4/tcp_max_tw_buckets", []byte(v), 0o644); err != nil {
+					return err
+				}
+			}
 			return os.WriteFile("/proc/sys/net/ipv4/ip_local_port_range", []byte("1024 65535"), 0o644)
 		})
 		if err != nil {
@@ -166,8 +177,11 @@ backend app
 		b.Fatal(err)
 	}
 	_, haproxyLog := startHAProxy(b, pod, dir, cfgPath, podIP)
-	waitLog(b, start(b, pod, appUID, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "app", "-sink"), "listening")
-	waitLog(b, start(b, peer, 0, built.Bin(workloadProg), "serve", "-listen", ":8080", "-name", "peer", "-sink"), "listening")
+	for _, port := range []int{8080, natServerPort} {
+		listen := fmt.Sprintf(":%d", port)
+		waitLog(b, start(b, pod, appUID, built.Bin(workloadProg), "serve", "-listen", listen, "-name", "app", "-sink"), "listening")
+		waitLog(b, start(b, peer, 0, built.Bin(workloadProg), "serve", "-listen", listen, "-name", "peer", "-sink"), "listening")
+	}
 	// HAProxy listens once the direct frontend answers.
 	run(b, pod, appUID, built.Bin(workloadProg), "dial", "-addr", fmt.Sprintf("127.0.0.1:%d", directOutboundPort), "-must", "-retry", "10s")
 	// The clients write their samples here, as the app's UID.

@@ -125,8 +125,20 @@ func TestIntegrationHAProxy(t *testing.T) {
 	}
 	waitLog(t, haproxyLog, `detour-haproxy inbound `+regexp.QuoteMeta(peerIP4.String())+`:\d+ original=`+regexp.QuoteMeta(pod4.String())+` `)
 
+	// Outbound to an address nobody answers on the peer's link: HAProxy tries it once (retries
+	// 0), so the app's connection ends when that one connect fails (the neighbour's address
+	// unresolved, about 3 s), not after four tries.
+	began := time.Now()
+	nobody := netip.AddrPortFrom(netip.MustParseAddr("10.98.0.200"), 8080)
+	line, err := testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, nobody, 30*time.Second)
+	if took := time.Since(began); line != "" || took > 8*time.Second {
+		t.Errorf("outbound to %s: %q, %v after %s; want the connection closed after one failed connect (under 8 s)", nobody, line, err, took.Round(time.Millisecond))
+	} else {
+		t.Logf("outbound to %s: closed after %s (%v)", nobody, took.Round(time.Millisecond), err)
+	}
+
 	// Outbound over IPv6: reset at once, and no connection of HAProxy to itself.
-	line, err := testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, netip.AddrPortFrom(peerIP6, 8080), 5*time.Second)
+	line, err = testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, netip.AddrPortFrom(peerIP6, 8080), 5*time.Second)
 	if line != "" || (err != nil && !errors.Is(err, syscall.ECONNRESET)) {
 		t.Errorf("IPv6 outbound: %q, %v; want a reset (HAProxy 2.6 cannot read its original destination)", line, err)
 	}

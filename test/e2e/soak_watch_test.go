@@ -206,7 +206,7 @@ func (s *soak) checkCapture(ctx context.Context, item checkItem) string {
 	for ctx.Err() == nil && time.Now().Before(deadline) {
 		reply, err := s.inbound(ctx, p.Status.PodIP)
 		switch {
-		case err == nil && (strings.Contains(reply, "peer=127.0.0.1:") || strings.Contains(reply, "peer=[::1]:")):
+		case err == nil && s.e.Proxy.Proxied(reply):
 			return "captured"
 		case err == nil:
 			return "bypassed: the app saw " + strings.TrimSpace(reply)

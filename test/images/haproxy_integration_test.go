@@ -129,7 +129,9 @@ func TestIntegrationHAProxy(t *testing.T) {
 	// 0), so the app's connection ends when that one connect fails (the neighbour's address
 	// unresolved, about 3 s), not after four tries.
 	began := time.Now()
-	nobody := netip.AddrPortFrom(netip.MustParseAddr("10.98.0.200"), 8080)
+	unused := podIP4.As4()
+	unused[3] = 200
+	nobody := netip.AddrPortFrom(netip.AddrFrom4(unused), 8080)
 	line, err := testenv.DialAs(pod, testenv.Identity{UID: appUID, GID: appUID}, nil, nobody, 30*time.Second)
 	if took := time.Since(began); line != "" || took > 8*time.Second {
 		t.Errorf("outbound to %s: %q, %v after %s; want the connection closed after one failed connect (under 8 s)", nobody, line, err, took.Round(time.Millisecond))

@@ -66,23 +66,20 @@ var TestProxy = &Proxy{
 // start gate on /ready with the downward API's pod name and IP, and needs a writable
 // /run/haproxy and an identity token, which the webhook mounts (proxy.volumes). A release
 // whose webhook cannot mount them runs the image's unmounted configuration instead.
-var HAProxy = &Proxy{
-	Name:    "haproxy",
-	Command: images.HAProxyCommand,
-	config: haproxyUnmounted.config + `      volumes:
+var HAProxy = func() *Proxy {
+	p := *haproxyUnmounted
+	p.Command = images.HAProxyCommand
+	p.config += `      volumes:
       - {name: proxy-run, emptyDir: {medium: Memory}}
       - name: proxy-identity
         projected: {sources: [{serviceAccountToken: {audience: mesh.detour.test, expirationSeconds: 3600, path: token}}]}
       volumeMounts:
       - {name: proxy-run, mountPath: /run/haproxy}
       - {name: proxy-identity, mountPath: /var/run/secrets/mesh, readOnly: true}
-`,
-	ref:       haproxyUnmounted.ref,
-	inbound:   haproxyUnmounted.inbound,
-	outbound:  haproxyUnmounted.outbound,
-	fromProxy: haproxyUnmounted.fromProxy,
-	unmounted: haproxyUnmounted,
-}
+`
+	p.unmounted = haproxyUnmounted
+	return &p
+}()
 
 // haproxyUnmounted is HAProxy with the image's unmounted configuration (no admin socket, no
 // /identity), for a release whose webhook cannot mount volumes.

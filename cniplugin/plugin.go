@@ -456,8 +456,12 @@ func (p *Plugin) Status(args *skel.CmdArgs) error { return p.run("STATUS", args,
 
 func (p *Plugin) status(c *call) error {
 	var warnings []string
-	if err := p.NewExecutor(c.conf).Usable(iptables.IPv4); err != nil {
+	ex := p.NewExecutor(c.conf)
+	if err := ex.Usable(iptables.IPv4); err != nil {
 		warnings = append(warnings, fmt.Sprintf("injected pods cannot get their redirect (their ADD fails): %v", err))
+	} else if err := ex.Usable(iptables.IPv6); err != nil {
+		// Every injected pod gets IPv4 rules; a pod with an IPv6 address IPv6 ones too.
+		warnings = append(warnings, fmt.Sprintf("injected pods with an IPv6 address cannot get their redirect (their ADD fails): %v", err))
 	}
 	if c.conf.Kubeconfig != "" {
 		if _, err := p.NewPodGetter(c.conf); err != nil {

@@ -273,6 +273,28 @@ func TestStatus(t *testing.T) {
 			t.Fatalf("the same outcome was logged again:\n%s", log.String())
 		}
 	})
+	t.Run("ip6tables missing", func(t *testing.T) {
+		// The IPv4 tools alone: IPv4 pods get their rules, a dual-stack or IPv6-only pod's ADD
+		// fails, so the log says so.
+		dir := t.TempDir()
+		for _, tool := range []string{"iptables-nft", "iptables-nft-save", "iptables-nft-restore"} {
+			path, err := exec.LookPath(tool)
+			if err != nil {
+				t.Skipf("needs %s on PATH (hack/host-deps.sh installs it)", tool)
+			}
+			if err := os.Symlink(path, filepath.Join(dir, tool)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		t.Setenv("PATH", dir)
+		log.Reset()
+		if err := status(`,"iptablesBackend":"nft"`); err != nil {
+			t.Fatalf("STATUS without ip6tables = %v; it breaks IPv6 pods only, not the node", err)
+		}
+		if l := lines(); len(l) != 1 || !strings.Contains(l[0], `"level":"WARN"`) || !strings.Contains(l[0], "with an IPv6 address") || !strings.Contains(l[0], "ipv6") {
+			t.Fatalf("log %q, want one warning naming IPv6 pods", l)
+		}
+	})
 	t.Run("iptables missing, auto", func(t *testing.T) {
 		testenv.Privileged(t) // nf_tables answers CAP_NET_ADMIN only
 		t.Setenv("PATH", t.TempDir())

@@ -80,9 +80,10 @@ func TestIntegrationTestProxy(t *testing.T) {
 	for _, fam := range []struct {
 		name      string
 		pod, peer netip.Addr
+		lo        string // where the proxy hands an inbound connection to the app
 	}{
-		{"ipv4", podIP4, peerIP4},
-		{"ipv6", podIP6, peerIP6},
+		{"ipv4", podIP4, peerIP4, `127\.0\.0\.1`},
+		{"ipv6", podIP6, peerIP6, `\[::1\]`},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
 			peerAddr := netip.AddrPortFrom(fam.peer, 8080)
@@ -99,11 +100,11 @@ func TestIntegrationTestProxy(t *testing.T) {
 
 			// Inbound: the peer dials the pod; the proxy hands the connection to the app.
 			out = run(t, peer, 0, built.Bin(workloadProg), "dial", "-addr", podAddr.String(), "-must", "-retry", "5s")
-			want = regexp.MustCompile(`^dial ` + regexp.QuoteMeta(podAddr.String()) + fmt.Sprintf(` ok: app uid=%d gid=%d groups=\S* peer=127\.0\.0\.1:\d+ local=127\.0\.0\.1:8080$`, appUID, appUID))
+			want = regexp.MustCompile(`^dial ` + regexp.QuoteMeta(podAddr.String()) + fmt.Sprintf(` ok: app uid=%d gid=%d groups=\S* peer=%s:\d+ local=%s:8080$`, appUID, appUID, fam.lo, fam.lo))
 			if !want.MatchString(out) {
 				t.Errorf("inbound: %q, want %s", out, want)
 			}
-			waitLog(t, proxyLog, `proxy inbound `+regexp.QuoteMeta(addrPrefix(fam.peer))+`\d+ -> `+regexp.QuoteMeta(podAddr.String())+` app 127\.0\.0\.1:8080\n`)
+			waitLog(t, proxyLog, `proxy inbound `+regexp.QuoteMeta(addrPrefix(fam.peer))+`\d+ -> `+regexp.QuoteMeta(podAddr.String())+` app `+fam.lo+`:8080\n`)
 		})
 	}
 	t.Logf("proxy log:\n%s", readLog(proxyLog))

@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"sync"
 	"time"
 
@@ -32,7 +31,7 @@ type Proxy struct {
 	// copies bytes both ways.
 	Outbound string
 	// Inbound receives redirected incoming connections; the proxy forwards each to
-	// 127.0.0.1:<original port>, where the app listens.
+	// 127.0.0.1:<original port>, where the app listens ([::1] for an IPv6 connection).
 	Inbound string
 	// Admin serves HTTP /ready (200 "ready").
 	Admin string
@@ -204,8 +203,8 @@ func (p *Proxy) outbound(ctx context.Context, c *net.TCPConn) {
 	p.forward(ctx, c, fmt.Sprintf("proxy outbound %s -> %s", c.RemoteAddr(), dst), dst.String())
 }
 
-// inbound forwards a redirected incoming connection to the app on 127.0.0.1 and the original
-// port.
+// inbound forwards a redirected incoming connection to the app on the loopback address of
+// its family (127.0.0.1 or ::1) and the original port.
 func (p *Proxy) inbound(ctx context.Context, c *net.TCPConn) {
 	defer c.Close()
 	dst, err := origdst.Get(c)
@@ -218,7 +217,11 @@ func (p *Proxy) inbound(ctx context.Context, c *net.TCPConn) {
 		p.Log.Printf("proxy inbound %s -> %s failed: not a redirected connection", c.RemoteAddr(), dst)
 		return
 	}
-	app := net.JoinHostPort("127.0.0.1", strconv.Itoa(int(dst.Port())))
+	lo := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	if dst.Addr().Is6() {
+		lo = netip.IPv6Loopback()
+	}
+	app := netip.AddrPortFrom(lo, dst.Port()).String()
 	p.forward(ctx, c, fmt.Sprintf("proxy inbound %s -> %s app %s", c.RemoteAddr(), dst, app), app)
 }
 

@@ -11,7 +11,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
+.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy e2e-dualstack soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
 
 all: build
 
@@ -81,6 +81,14 @@ e2e-haproxy:
 conformance-haproxy:
 	DETOUR_E2E_PROXY=haproxy GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./test/e2e
 
+# The stories of issue 44 on a node of their own with IPv4 and IPv6 (dual stack), then on one
+# whose pods and Services are IPv6 only (test/e2e/dualstack*_test.go): every family captured
+# both ways, a Service of every family, the socket lookup over IPv6, a pod that lost one
+# family's redirect never Ready and repaired, and core stories of TestE2E. `make test` (CI)
+# runs the dual-stack capture smoke.
+e2e-dualstack:
+	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags dualstack -run 'TestE2EDualStack|TestE2EIPv6Only' ./test/e2e
+
 # Kubernetes' NetworkPolicy tests on Cilium with every pod meshed (docs/conformance.md; not in
 # CI): the [sig-network] Netpol tests of e2e.test v1.37.2 on a two-node Cilium cluster, once
 # without detour and once with detour injecting every pod, each failure read against what the
@@ -99,7 +107,7 @@ lint:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	if [ -n "$$unformatted" ]; then echo "gofmt would change: $$unformatted"; exit 1; fi
 	go vet ./...
-	go vet -tags conformance,cluster,upgrade,versions,haproxy ./test/e2e/...
+	go vet -tags conformance,cluster,upgrade,versions,haproxy,dualstack ./test/e2e/...
 	bash hack/check-deps.sh
 
 # A run of every fuzz target (FUZZTIME each, FUZZPARALLEL workers: empty means GOMAXPROCS;

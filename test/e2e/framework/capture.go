@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,7 +21,7 @@ func (e *Env) AssertCaptured(t testing.TB, ctx context.Context, p corev1.Pod, ap
 	// the proxy's inbound listener like any other, so wait for the app's reply.
 	var reply string
 	err := Poll(ctx, 30*time.Second, func() (bool, error) {
-		conn, err := e.Node.Dial(ctx, "tcp", p.Status.PodIP+":8080")
+		conn, err := e.Node.Dial(ctx, "tcp", net.JoinHostPort(p.Status.PodIP, "8080"))
 		if err != nil {
 			return false, err
 		}

@@ -38,6 +38,9 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if cp.cp != nil {
 		return nil, fmt.Errorf("join %s: %s is not the control-plane node", name, cp.Name)
 	}
+	if f := cp.Families(); f != IPv4Only {
+		return nil, fmt.Errorf("join %s: the cluster's families are %q; a node joins an IPv4-only cluster only (families.go)", name, f)
+	}
 	if port := underlayPort(name); len(port) > 15 {
 		return nil, fmt.Errorf("join %s: the name is too long for its underlay port's link name %s (15 bytes at most)", name, port)
 	}

@@ -3,6 +3,7 @@ package framework
 import (
 	"crypto/tls"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -26,8 +27,10 @@ func (n *Node) command(name string) (argv, env []string) {
 	case "kube-apiserver":
 		argv = []string{n.kubeBin("kube-apiserver"),
 			"--etcd-servers", "http://127.0.0.1:2379",
-			"--bind-address", "0.0.0.0", "--secure-port", fmt.Sprint(APIPort), "--advertise-address", NodeIP.String(),
-			"--service-cluster-ip-range", serviceCIDR,
+			"--bind-address", n.bindAll(), "--secure-port", fmt.Sprint(APIPort),
+			// The kubernetes Service's endpoint: of the Services' primary family.
+			"--advertise-address", n.IPs()[0].String(),
+			"--service-cluster-ip-range", n.Families().serviceCIDRs(),
 			"--tls-cert-file", pki("apiserver.crt"), "--tls-private-key-file", pki("apiserver.key"),
 			"--client-ca-file", pki("ca.crt"),
 			"--service-account-key-file", pki("sa.pub"), "--service-account-signing-key-file", pki("sa.key"),
@@ -56,12 +59,20 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--use-service-account-credentials=true",
 			"--service-account-private-key-file", pki("sa.key"), "--root-ca-file", pki("ca.crt"),
 			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
-			"--service-cluster-ip-range", serviceCIDR, "--leader-elect=false", "--profiling=false"}
-		if n.flannel() || n.cilium() {
+			"--service-cluster-ip-range", n.Families().serviceCIDRs(),
+			"--leader-elect=false", "--profiling=false"}
+		switch {
+		case n.flannel() || n.cilium():
 			// Flannel's kube subnet manager, and Cilium's ipam mode kubernetes, take each
 			// node's pod range from its Node.
 			argv = append(argv, "--allocate-node-cidrs=true", "--cluster-cidr", ClusterCIDR.String(),
 				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
+		case n.Families() != IPv4Only:
+			// Each family's pod range on the Node, as a dual-stack cluster's (the node's
+			// conflist holds the first of each, the ranges it is given; the default masks,
+			// /24 and /64, are the conflist's).
+			argv = append(argv, "--allocate-node-cidrs=true",
+				"--cluster-cidr", n.Families().clusterCIDRs())
 		}
 	case "kube-scheduler":
 		argv = []string{n.kubeBin("kube-scheduler"),
@@ -77,7 +88,7 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--config", filepath.Join(n.Dir, "kubelet.yaml"),
 			"--kubeconfig", pki(n.kubeletPKI() + ".kubeconfig"),
 			"--root-dir", filepath.Join(n.Dir, "kubelet"),
-			"--hostname-override", n.Name, "--node-ip", n.IP.String(), "--v", "2"}
+			"--hostname-override", n.Name, "--node-ip", joinAddrs(n.IPs()), "--v", "2"}
 		if len(n.opts.Taints) > 0 {
 			argv = append(argv, "--register-with-taints", strings.Join(n.opts.Taints, ","))
 		}
@@ -89,7 +100,8 @@ func (n *Node) command(name string) (argv, env []string) {
 		// machine-wide, not the node's: left as it is.
 		argv = []string{n.kubeBin("kube-proxy"),
 			"--kubeconfig", pki("kube-proxy.kubeconfig"), "--hostname-override", n.Name,
-			"--proxy-mode", "nftables", "--cluster-cidr", ClusterCIDR.String(),
+			"--proxy-mode", "nftables",
+			"--cluster-cidr", n.Families().clusterCIDRs(),
 			"--conntrack-max-per-core", "0", "--conntrack-min", "0",
 			"--healthz-bind-address", "0.0.0.0:10256", "--metrics-bind-address", "127.0.0.1:10249", "--v", "2"}
 		// It runs nft for every change of its rules (Debian's nftables, in /usr/sbin).
@@ -106,6 +118,24 @@ func (n *Node) command(name string) (argv, env []string) {
 		panic("e2e: unknown component " + name)
 	}
 	return argv, env
+}
+
+// bindAll is the wildcard address the API server binds: IPv6's (both families) on a cluster
+// with IPv6.
+func (n *Node) bindAll() string {
+	if n.Families().Has6() {
+		return "::"
+	}
+	return "0.0.0.0"
+}
+
+// joinAddrs is addrs comma-separated.
+func joinAddrs(addrs []netip.Addr) string {
+	s := make([]string, len(addrs))
+	for i, a := range addrs {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
 }
 
 // PrometheusDir holds the Prometheus server's configuration, rules and data.

@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -39,7 +40,7 @@ func DNSImage(binDir string) (v1.Image, error) {
 // Deployment available).
 func (n *Node) deployDNS(ctx context.Context, ref string) error {
 	path := filepath.Join(n.Dir, "coredns.yaml")
-	if err := os.WriteFile(path, []byte(dnsManifest(ref)), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(dnsManifest(ref, n.dnsIP())), 0o644); err != nil {
 		return err
 	}
 	if _, stderr, err := n.Kubectl(ctx, "apply", "-f", path); err != nil {
@@ -62,11 +63,16 @@ func (n *Node) deployDNS(ctx context.Context, ref string) error {
 	return nil
 }
 
+// dnsIP is the cluster DNS's address (the kubelets' clusterDNS): kube-dns is a Service of the
+// primary family, as kubeadm makes it on a dual-stack cluster; CoreDNS answers A and AAAA
+// queries alike.
+func (n *Node) dnsIP() netip.Addr { return n.Families().list()[0].dnsIP }
+
 // dnsManifest is CoreDNS's objects: kubeadm's, with a Corefile that forwards nothing (the
 // e2e network reaches nothing outside the cluster) and a toleration of detour's startup taint
 // (kube-system is never injected, so its DNS need not wait for detour on a node).
-func dnsManifest(ref string) string {
-	return strings.NewReplacer("IMAGE", ref, "DNS_IP", dnsIP.String(), "STARTUP_TAINT", StartupTaint).Replace(`apiVersion: v1
+func dnsManifest(ref string, ip netip.Addr) string {
+	return strings.NewReplacer("IMAGE", ref, "DNS_IP", ip.String(), "STARTUP_TAINT", StartupTaint).Replace(`apiVersion: v1
 kind: ServiceAccount
 metadata: {name: coredns, namespace: kube-system}
 ---

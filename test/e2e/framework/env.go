@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -28,8 +29,12 @@ type Env struct {
 	Artifacts *Artifacts
 	// Root is the module's root (the chart, install.yaml and testdata are read from there).
 	Root string
-	// Server is the address of the test server outside the pods ("the internet").
+	// Server is the address of the test server outside the pods ("the internet"), of the
+	// cluster's primary family.
 	Server string
+	// Servers are the test server's addresses, one per family of the cluster, the primary
+	// (Server) first.
+	Servers []string
 	// Proxy is the proxy of every meshed pod: the test proxy unless DETOUR_E2E_PROXY says
 	// otherwise ([Proxy]).
 	Proxy *Proxy
@@ -159,12 +164,22 @@ func newEnv(bin string, opts Options) (*Env, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Env{Node: n, Artifacts: art, Root: root, Server: fmt.Sprintf("%s:%d", NodeIP, ServerPort), Proxy: proxy}
+	e := &Env{Node: n, Artifacts: art, Root: root, Proxy: proxy}
+	for _, ip := range n.IPs() {
+		e.Servers = append(e.Servers, netip.AddrPortFrom(ip, ServerPort).String())
+	}
+	e.Server = e.Servers[0]
 	e.img = e.importedImages()
-	argv := []string{art.workloadBin, "serve", "-listen", e.Server}
-	if _, err := n.holder.start(argv, n.env(), n.logPath("test-server"), ""); err != nil {
-		n.Stop()
-		return nil, fmt.Errorf("start the test server: %w", err)
+	for i, addr := range e.Servers {
+		log := "test-server"
+		if i > 0 {
+			log += fmt.Sprint(i)
+		}
+		argv := []string{art.workloadBin, "serve", "-listen", addr}
+		if _, err := n.holder.start(argv, n.env(), n.logPath(log), ""); err != nil {
+			n.Stop()
+			return nil, fmt.Errorf("start the test server on %s: %w", addr, err)
+		}
 	}
 	return e, nil
 }

@@ -73,6 +73,28 @@ func (n *Node) writeFiles() error {
 	return n.writeRuntimePath()
 }
 
+// apiServerIPs are the addresses the API server's certificate names: loopback, the node's,
+// and each family's kubernetes Service.
+func (n *Node) apiServerIPs() []net.IP {
+	ips := []net.IP{net.ParseIP("127.0.0.1"), NodeIP.AsSlice()}
+	for _, fam := range n.Families().list() {
+		ips = append(ips, fam.nodeIP.AsSlice(), fam.serviceIP.AsSlice())
+	}
+	return ips
+}
+
+// servingIPs are the addresses the kubelet's serving certificate names: the node's on the
+// underlay and those it reports.
+func (n *Node) servingIPs() []net.IP {
+	ips := []net.IP{n.IP.AsSlice()}
+	for _, ip := range n.IPs() {
+		if ip != n.IP {
+			ips = append(ips, ip.AsSlice())
+		}
+	}
+	return ips
+}
+
 func (n *Node) writePKI() error {
 	if n.cp != nil {
 		n.pki, n.Kubeconfig = n.cp.pki, n.cp.Kubeconfig
@@ -85,7 +107,7 @@ func (n *Node) writePKI() error {
 	n.pki = p
 	ids := []identity{
 		{name: "apiserver", cn: "kube-apiserver", server: true,
-			ips: []net.IP{net.ParseIP("127.0.0.1"), NodeIP.AsSlice(), serviceIP.AsSlice()},
+			ips: n.apiServerIPs(),
 			dns: []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
 		{name: "admin", cn: "e2e-admin", orgs: []string{"system:masters"}},
 		{name: "apiserver-kubelet-client", cn: "kube-apiserver-kubelet-client", orgs: []string{"system:masters"}},
@@ -128,7 +150,7 @@ func (n *Node) kubeletPKI() string {
 func (n *Node) issueKubeletPKI() error {
 	name := n.kubeletPKI()
 	for _, id := range []identity{
-		{name: name + "-serving", cn: n.Name, server: true, ips: []net.IP{n.IP.AsSlice()}, dns: []string{n.Name}},
+		{name: name + "-serving", cn: n.Name, server: true, ips: n.servingIPs(), dns: []string{n.Name}},
 		{name: name, cn: "system:node:" + n.Name, orgs: []string{"system:nodes"}},
 	} {
 		if err := n.pki.issue(id); err != nil {
@@ -161,18 +183,28 @@ func (n *Node) WritePrimaryConfigVersion(version string) error {
       "ipam": {
         "type": "host-local",
         "dataDir": %q,
-        "ranges": [[{"subnet": %q, "gateway": %q}]]
+        "ranges": %s
       }
     },
     {"type": "portmap", "capabilities": {"portMappings": true}}
   ]
 }
-`, version, PrimaryNetwork, podBridge, filepath.Join(n.Dir, "cni", "ipam"), n.PodSubnet, n.PodSubnet.Addr().Next())
+`, version, PrimaryNetwork, podBridge, filepath.Join(n.Dir, "cni", "ipam"), n.ipamRanges())
 	// Always a new file, even with the same content: a CNI installer's rewrite.
 	return fsutil.ReplaceFile(n.PrimaryConfigPath(), 0o644, func(w io.Writer) error {
 		_, err := io.WriteString(w, conf)
 		return err
 	})
+}
+
+// ipamRanges is host-local's ranges: one range set per family, the primary first, each with
+// the bridge's address as the pods' gateway.
+func (n *Node) ipamRanges() string {
+	var sets []string
+	for _, p := range n.PodSubnets() {
+		sets = append(sets, fmt.Sprintf(`[{"subnet": %q, "gateway": %q}]`, p, p.Addr().Next()))
+	}
+	return "[" + strings.Join(sets, ", ") + "]"
 }
 
 // PrimaryConfigPath is the primary CNI's conflist: the test's, flannel's on the flannel
@@ -322,7 +354,7 @@ serializeImagePulls: false
 clusterDNS: [%[9]q]
 clusterDomain: cluster.local
 `, n.containerdSocket(), n.Cgroup, pki("ca.crt"), pki(n.kubeletPKI()+"-serving.crt"), pki(n.kubeletPKI()+"-serving.key"),
-		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), dnsIP) + kubeletFeatureGates()
+		filepath.Join(n.Dir, "pod-logs"), filepath.Join(n.Dir, "volume-plugins"), filepath.Join(n.Dir, "resolv.conf"), n.dnsIP()) + kubeletFeatureGates()
 }
 
 // KubeletFeatureGatesEnv names extra feature gates for every kubelet the e2e starts,

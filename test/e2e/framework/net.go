@@ -21,6 +21,8 @@ import (
 type netSpec struct {
 	Link   string
 	NodeIP netip.Addr
+	// NodeIP6, when valid, is the node's IPv6 address (a dual-stack or IPv6-only cluster).
+	NodeIP6 netip.Addr
 }
 
 // setUpNodeNetwork runs in the holder, inside the node's fresh network namespace.
@@ -36,9 +38,17 @@ func setUpNodeNetwork(n netSpec) error {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add the node's veth %s: %w", n.Link, err)
 	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.NodeIP.AsSlice(), Mask: net.CIDRMask(underlay.Bits(), n.NodeIP.BitLen())}}
-	if err := netlink.AddrAdd(veth, addr); err != nil {
-		return fmt.Errorf("give %s the node IP %s: %w", n.Link, n.NodeIP, err)
+	addrs := []*netlink.Addr{{IPNet: &net.IPNet{IP: n.NodeIP.AsSlice(), Mask: net.CIDRMask(underlay.Bits(), n.NodeIP.BitLen())}}}
+	if n.NodeIP6.IsValid() {
+		// No duplicate address detection: the address is the namespace's own, and an address
+		// still tentative cannot be bound (the API server's, the test server's).
+		addrs = append(addrs, &netlink.Addr{IPNet: &net.IPNet{IP: n.NodeIP6.AsSlice(), Mask: net.CIDRMask(ipv6.underlay.Bits(), 128)},
+			Flags: unix.IFA_F_NODAD})
+	}
+	for _, addr := range addrs {
+		if err := netlink.AddrAdd(veth, addr); err != nil {
+			return fmt.Errorf("give %s the node IP %s: %w", n.Link, addr.IP, err)
+		}
 	}
 	for _, name := range []string{n.Link, n.Link + "p"} {
 		l, err := netlink.LinkByName(name)
@@ -56,13 +66,16 @@ func setUpNodeNetwork(n netSpec) error {
 	if err != nil {
 		return err
 	}
-	_, services, err := net.ParseCIDR(serviceCIDR)
-	if err != nil {
-		return err
+	routes := map[netip.Addr]netip.Prefix{n.NodeIP: ipv4.serviceCIDR}
+	if n.NodeIP6.IsValid() {
+		routes[n.NodeIP6] = ipv6.serviceCIDR
 	}
-	route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: services, Src: n.NodeIP.AsSlice(), Scope: netlink.SCOPE_LINK}
-	if err := netlink.RouteAdd(route); err != nil {
-		return fmt.Errorf("route the Service range %s over %s: %w", serviceCIDR, n.Link, err)
+	for src, services := range routes {
+		dst := &net.IPNet{IP: services.Addr().AsSlice(), Mask: net.CIDRMask(services.Bits(), services.Addr().BitLen())}
+		route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: src.AsSlice(), Scope: netlink.SCOPE_LINK}
+		if err := netlink.RouteAdd(route); err != nil {
+			return fmt.Errorf("route the Service range %s over %s: %w", services, n.Link, err)
+		}
 	}
 	return addPodBridge(podBridge)
 }

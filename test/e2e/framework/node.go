@@ -25,7 +25,7 @@ var (
 	NodeIP      = netip.MustParseAddr("10.200.0.1")
 	serviceIP   = netip.MustParseAddr("10.96.0.1")
 	podSubnet   = netip.MustParsePrefix("10.88.0.0/24")
-	serviceCIDR = "10.96.0.0/24"
+	serviceCIDR = netip.MustParsePrefix("10.96.0.0/24")
 	// dnsIP is the cluster DNS's ClusterIP (the kube-dns Service, the kubelet's clusterDNS).
 	dnsIP = netip.MustParseAddr("10.96.0.10")
 	// ClusterCIDR holds every node's pod range (podRange).
@@ -76,6 +76,8 @@ type Options struct {
 	// Kubelet, when set, is the release of this node's kubelet alone: a node that lags its
 	// control plane (versions.go).
 	Kubelet string
+	// Families are the cluster's IP families (families.go): IPv4 only when empty.
+	Families Families
 }
 
 // Node is one Kubernetes node with its control plane: etcd, kube-apiserver,
@@ -136,8 +138,11 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	suffix := make([]byte, 3)
 	rand.Read(suffix)
 	name := fmt.Sprintf("detour-e2e-%d-%s", os.Getpid(), hex.EncodeToString(suffix))
+	if err := opts.Families.check(opts); err != nil {
+		return nil, err
+	}
 	n = &Node{
-		Name: NodeName, IP: NodeIP, PodSubnet: podSubnet,
+		Name: NodeName, IP: NodeIP, PodSubnet: opts.Families.list()[0].podSubnet,
 		Dir: filepath.Join(base, name), BinDir: binDir, opts: opts, Cgroup: name, pids: map[string]int{},
 		joined: map[string]*Node{},
 	}
@@ -166,7 +171,7 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	}
 	n.holder, err = startHolder(holderSpec{
 		RunDir: n.Dir, Cgroup: name, Sysctls: machineSysctls(), Binds: n.ciliumBinds(),
-		Net: netSpec{Link: "node0", NodeIP: NodeIP},
+		Net: n.netSpec(),
 	}, n.logPath("holder"))
 	if err != nil {
 		return n, err
@@ -280,6 +285,16 @@ func (n *Node) teardown() error {
 		errs = append(errs, os.RemoveAll(n.Dir))
 	}
 	return errors.Join(errs...)
+}
+
+// netSpec is the control-plane node's network: its IPv4 address, and its IPv6 one when the
+// cluster has IPv6.
+func (n *Node) netSpec() netSpec {
+	spec := netSpec{Link: "node0", NodeIP: NodeIP}
+	if n.Families().Has6() {
+		spec.NodeIP6 = NodeIP6
+	}
+	return spec
 }
 
 func (n *Node) apiURL() string { return fmt.Sprintf("https://%s:%d", NodeIP, APIPort) }

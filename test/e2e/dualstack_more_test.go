@@ -1,0 +1,201 @@
+//go:build dualstack
+
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/iptables"
+	"github.com/detourmesh/detour/test/e2e/framework"
+)
+
+// make e2e-dualstack: the dual-stack node's stories beyond CI's smoke, and the IPv6-only node.
+
+func init() {
+	dualStackMore = []story{
+		{"dualstack/ipv6-socket-lookup", ipv6SocketLookup},
+		{"dualstack/one-family-missing-is-never-ready", oneFamilyMissing},
+		{"seed003/demo-container-mode", seed003Demo},
+		{"validator/in-the-proxys-start", validatorInTheProxysStart},
+		{"check/cluster-healthy", checkClusterHealthy},
+		{"seed000/repair-after-the-node-broke", seed000Repair},
+	}
+}
+
+// TestE2EIPv6Only runs the core stories on a node whose pods and Services are IPv6 only
+// (framework.IPv6Only): the kubelet's probes reach the apps through the proxy over IPv6, the
+// init containers reach the test server over IPv6, and the checks find the IPv6 redirect.
+func TestE2EIPv6Only(t *testing.T) {
+	e := framework.OwnEnv(t, framework.Options{Families: framework.IPv6Only, Taints: []string{framework.StartupTaint + ":NoSchedule"}})
+	runFamilyStories(t, e, []story{
+		{"ipv6only/every-family-captured", everyFamilyCaptured},
+		{"ipv6only/service-of-every-family", serviceOfEveryFamily},
+		{"ipv6only/ipv6-socket-lookup", ipv6SocketLookup},
+		{"ipv6only/one-family-missing-is-never-ready", oneFamilyMissing},
+		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
+		{"seed003/demo-container-mode", seed003Demo},
+		{"validator/in-the-proxys-start", validatorInTheProxysStart},
+		{"check/cluster-healthy", checkClusterHealthy},
+		{"seed000/repair-after-the-node-broke", seed000Repair},
+	})
+}
+
+// ipv6SocketLookup: the inbound socket lookup over IPv6 — a port the app binds on ::1 only is
+// refused from another pod and still served to the pod's own process; its port listening on
+// every address ([::]) reaches the proxy, which hands the connection over on ::1.
+func ipv6SocketLookup(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "lookup6", true)
+	e.Namespace(t, ctx, "lookup6-client", false)
+	p := e.Pod("local", "lookup6")
+	app := p.Spec.Containers[0]
+	p.Spec.Containers = append(p.Spec.Containers, corev1.Container{
+		Name: "admin", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
+		Args:            []string{"serve", "-name", "admin", "-listen", "[::1]:9090"},
+		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
+	}, corev1.Container{
+		Name: "self", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
+		Args:            []string{"dial", "-must", "-retry", "30s", "-addr", "[::1]:9090", "then", "sleep"},
+		SecurityContext: &corev1.SecurityContext{RunAsUser: ptr.To[int64](1000)},
+	})
+	if _, err := e.Node.Client.CoreV1().Pods("lookup6").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	server := e.WaitReady(t, ctx, "lookup6", "name=local", 1)[0]
+	framework.WaitFor(t, ctx, "the app's own process to reach its loopback port", time.Minute, func() (bool, error) {
+		log := e.Logs(ctx, "lookup6", "local", "self")
+		return strings.Contains(log, "dial [::1]:9090 ok: admin"), framework.Seen("%s", log)
+	})
+	var ip6 netip.Addr
+	for _, ip := range podIPs(t, &server, e.Node.Families()) {
+		if ip.Is6() {
+			ip6 = ip
+		}
+	}
+	if reply := greetApp(t, ctx, e, netip.AddrPortFrom(ip6, 8080)); !e.Proxy.Proxied(reply) || !strings.Contains(reply, "local=[::1]:8080") {
+		t.Errorf("a connection to [%s]:8080 reached the app as %q, want it through the proxy, on [::1]", ip6, reply)
+	}
+	addr := netip.AddrPortFrom(ip6, 9090).String()
+	if log := dialOutsideMesh(t, ctx, e, "lookup6-client", "client", addr); !strings.Contains(log, "connection refused") {
+		t.Errorf("a client in another pod dialled %s, bound on ::1 only: %q, want connection refused", addr, log)
+	}
+}
+
+// dialOutsideMesh runs a pod named name in ns (not injected) that dials addr once, and returns
+// its log: the refusal it sees is the server pod's kernel's, not its own proxy's.
+func dialOutsideMesh(t *testing.T, ctx context.Context, e *framework.Env, ns, name, addr string) string {
+	t.Helper()
+	client := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: corev1.PodSpec{
+			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
+			Containers: []corev1.Container{{Name: "dial", Image: e.Artifacts.Refs.Workload, ImagePullPolicy: corev1.PullNever,
+				Args: []string{"dial", "-timeout", "5s", "-addr", addr}}},
+		},
+	}
+	if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	framework.WaitFor(t, ctx, "the client to finish", 2*time.Minute, func() (bool, error) {
+		c, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		return c.Status.Phase == corev1.PodSucceeded || c.Status.Phase == corev1.PodFailed, framework.Seen("%s", c.Status.Phase)
+	})
+	return e.Logs(ctx, ns, name, "dial")
+}
+
+// oneFamilyMissing: for each family of the node, a meshed pod of a Deployment loses that
+// family's redirect behind its back (the family's nat table removed from its network
+// namespace, as a node-level cleanup of one family would) while the other family's stays,
+// and its proxy crashes. The check at the proxy's next start fails naming the family (exit
+// 42), the pod leaves Ready and does not come back; `detour check` names the family too. Repair
+// then deletes the pod, and its replacement is Ready with every family's rules.
+func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "onefamily", true)
+	var families []iptables.Family
+	if e.Node.Families().Has4() {
+		families = append(families, iptables.IPv4)
+	}
+	if e.Node.Families().Has6() {
+		families = append(families, iptables.IPv6)
+	}
+	for _, f := range families {
+		t.Run(f.String(), func(t *testing.T) {
+			name := "lose-" + f.String()
+			if _, err := e.Node.Client.AppsV1().Deployments("onefamily").Create(ctx, e.Deployment(name, "onefamily", 1), metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
+			}
+			p := e.WaitReady(t, ctx, "onefamily", "app="+name, 1)[0]
+			netns, err := e.PodNetns(&p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := iptables.NewExecutor().Remove(ctx, netns, f); err != nil {
+				t.Fatalf("remove the pod's %s rules: %v", f, err)
+			}
+			if out, err := e.CheckPodRules(ctx, &p, ""); err == nil || !strings.Contains(out, f.String()) {
+				t.Errorf("detour check of the pod without its %s rules: %v, want a failure naming %s:\n%s", f, err, f, out)
+			}
+			if n, err := e.KillInPod(&p, "testproxy"); err != nil || n != 1 {
+				t.Fatalf("kill the proxy: %d killed, %v", n, err)
+			}
+			// The check fails, the proxy restarts and fails again; the pod is never Ready
+			// until repair replaces it.
+			framework.WaitFor(t, ctx, "the check at the proxy's restart to fail", 2*time.Minute, func() (bool, error) {
+				q, err := e.Node.Client.CoreV1().Pods("onefamily").Get(ctx, p.Name, metav1.GetOptions{})
+				if err != nil {
+					return false, nil // deleted by repair already: the watch below sees it
+				}
+				if framework.PodReady(q) && proxyRestarts(q) > 0 {
+					return false, fmt.Errorf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
+				}
+				msg := proxyTermination(q)
+				return strings.Contains(msg, "no redirect") && strings.Contains(msg, f.String()+" connection"), framework.Seen("%s; last termination %q", framework.ContainerStates(q), msg)
+			})
+			framework.WaitFor(t, ctx, "repair to replace the pod", 3*time.Minute, func() (bool, error) {
+				pods, err := e.Pods(ctx, "onefamily", "app="+name)
+				if err != nil {
+					return false, err
+				}
+				for _, q := range pods {
+					if q.Name == p.Name && framework.PodReady(&q) {
+						return false, fmt.Errorf("pod %s is Ready again without its %s redirect: %s", q.Name, f, framework.ContainerStates(&q))
+					}
+				}
+				return len(pods) == 1 && pods[0].Name != p.Name && framework.PodReady(&pods[0]), framework.Seen("%d pods", len(pods))
+			})
+			replacement := e.WaitReady(t, ctx, "onefamily", "app="+name, 1)[0]
+			if out, err := e.CheckPodRules(ctx, &replacement, ""); err != nil {
+				t.Errorf("the replacement %s: %v\n%s", replacement.Name, err, out)
+			}
+		})
+	}
+}
+
+// proxyTermination is the message of the proxy container's last termination (current or
+// previous state).
+func proxyTermination(p *corev1.Pod) string {
+	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if s.Name != annotations.ProxyContainer {
+			continue
+		}
+		if s.State.Terminated != nil {
+			return s.State.Terminated.Message
+		}
+		if s.LastTerminationState.Terminated != nil {
+			return s.LastTerminationState.Terminated.Message
+		}
+	}
+	return ""
+}

@@ -1,0 +1,132 @@
+package framework
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Families are the IP families of a cluster: of its node IPs, its pods and its Services
+// (Options.Families). A dual-stack or IPv6-only cluster is one node on the primary's bridge
+// network: flannel, Cilium and the nodes that join are IPv4 only here.
+type Families string
+
+const (
+	// IPv4Only is every address IPv4 (the default).
+	IPv4Only Families = ""
+	// DualStack is IPv4 and IPv6, IPv4 the primary family: the kubelet's first node IP, a
+	// Service's family when it names none, the cluster DNS's address.
+	DualStack Families = "dual"
+	// IPv6Only is the kubelet's node IP, the pods and the Services IPv6 only. The node's link
+	// keeps its IPv4 address for what runs outside the cluster (the test process's connection
+	// to the API server, containerd's to the registry), as a node keeps its management network.
+	IPv6Only Families = "ipv6"
+)
+
+// family is one IP family's addresses in a cluster.
+type family struct {
+	name string // "ipv4", "ipv6"
+	// nodeIP is the control-plane node's address on the underlay.
+	nodeIP netip.Addr
+	// podSubnet is the control-plane node's pods' range; clusterCIDR holds every node's.
+	podSubnet, clusterCIDR netip.Prefix
+	// serviceCIDR is the Services' range; serviceIP the kubernetes Service's address in it,
+	// dnsIP kube-dns's.
+	serviceCIDR      netip.Prefix
+	serviceIP, dnsIP netip.Addr
+	underlay         netip.Prefix
+}
+
+var (
+	// NodeIP6 is the control-plane node's IPv6 address, on a dual-stack or IPv6-only cluster.
+	NodeIP6 = netip.MustParseAddr("fd00:200::1")
+
+	ipv4 = family{name: "ipv4", nodeIP: NodeIP, podSubnet: podSubnet, clusterCIDR: ClusterCIDR,
+		serviceCIDR: serviceCIDR, serviceIP: serviceIP, dnsIP: dnsIP, underlay: underlay}
+	// ipv6's ranges are unique local addresses; the Service range is a /112, the largest the
+	// API server's allocator takes for IPv6 being a /108.
+	ipv6 = family{name: "ipv6", nodeIP: NodeIP6,
+		podSubnet: netip.MustParsePrefix("fd00:88::/64"), clusterCIDR: netip.MustParsePrefix("fd00:88::/56"),
+		serviceCIDR: netip.MustParsePrefix("fd00:96::/112"),
+		serviceIP:   netip.MustParseAddr("fd00:96::1"), dnsIP: netip.MustParseAddr("fd00:96::a"),
+		underlay: netip.MustParsePrefix("fd00:200::/64")}
+)
+
+// list is f's families, the primary first.
+func (f Families) list() []family {
+	switch f {
+	case DualStack:
+		return []family{ipv4, ipv6}
+	case IPv6Only:
+		return []family{ipv6}
+	default:
+		return []family{ipv4}
+	}
+}
+
+// check says what is wrong with f in opts, or nil.
+func (f Families) check(opts Options) error {
+	switch f {
+	case IPv4Only:
+		return nil
+	case DualStack, IPv6Only:
+		if opts.FlannelImage != "" || opts.Cilium != nil {
+			return fmt.Errorf("Options.Families %q: a dual-stack or IPv6-only cluster runs on the bridge primary only, not flannel or Cilium", f)
+		}
+		return nil
+	default:
+		return fmt.Errorf("Options.Families %q: use %q (IPv4 only), %q or %q", f, IPv4Only, DualStack, IPv6Only)
+	}
+}
+
+// Has6 reports whether f gives the pods IPv6 addresses.
+func (f Families) Has6() bool { return f == DualStack || f == IPv6Only }
+
+// Has4 reports whether f gives the pods IPv4 addresses.
+func (f Families) Has4() bool { return f != IPv6Only }
+
+// serviceCIDRs are f's Service ranges, comma-separated, the primary first (the API server's
+// and the controller manager's --service-cluster-ip-range).
+func (f Families) serviceCIDRs() string {
+	return f.joined(func(fam family) netip.Prefix { return fam.serviceCIDR })
+}
+
+// clusterCIDRs are f's ranges of every node's pods, comma-separated, the primary first.
+func (f Families) clusterCIDRs() string {
+	return f.joined(func(fam family) netip.Prefix { return fam.clusterCIDR })
+}
+
+func (f Families) joined(of func(family) netip.Prefix) string {
+	var out []string
+	for _, fam := range f.list() {
+		out = append(out, of(fam).String())
+	}
+	return strings.Join(out, ",")
+}
+
+// Families is the cluster's IP families.
+func (n *Node) Families() Families { return n.root().opts.Families }
+
+// IPs are the node's addresses as its kubelet reports them (--node-ip), the primary first.
+func (n *Node) IPs() []netip.Addr {
+	if n.cp != nil {
+		return []netip.Addr{n.IP}
+	}
+	var out []netip.Addr
+	for _, fam := range n.Families().list() {
+		out = append(out, fam.nodeIP)
+	}
+	return out
+}
+
+// PodSubnets are the node's pods' ranges, the primary first.
+func (n *Node) PodSubnets() []netip.Prefix {
+	if n.cp != nil {
+		return []netip.Prefix{n.PodSubnet}
+	}
+	var out []netip.Prefix
+	for _, fam := range n.Families().list() {
+		out = append(out, fam.podSubnet)
+	}
+	return out
+}

@@ -17,18 +17,22 @@ import (
 	"github.com/detourmesh/detour/annotations"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/e2e/framework"
+	"github.com/detourmesh/detour/test/e2e/upstream"
 )
 
 // make e2e-dualstack: the dual-stack node's stories beyond CI's smoke, and the IPv6-only node.
 
 func init() {
 	dualStackMore = []story{
+		{"dualstack/init-containers-keep-egress", initContainersKeepEgress},
 		{"dualstack/ipv6-socket-lookup", ipv6SocketLookup},
 		{"dualstack/one-family-missing-is-never-ready", oneFamilyMissing},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
+		// Last: it leaves detour injecting every pod.
+		{"conformance/dual-stack", dualStackConformance},
 	}
 }
 
@@ -40,6 +44,7 @@ func TestE2EIPv6Only(t *testing.T) {
 	runFamilyStories(t, e, []story{
 		{"ipv6only/every-family-captured", everyFamilyCaptured},
 		{"ipv6only/service-of-every-family", serviceOfEveryFamily},
+		{"ipv6only/init-containers-keep-egress", initContainersKeepEgress},
 		{"ipv6only/ipv6-socket-lookup", ipv6SocketLookup},
 		{"ipv6only/one-family-missing-is-never-ready", oneFamilyMissing},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
@@ -48,6 +53,48 @@ func TestE2EIPv6Only(t *testing.T) {
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 	})
+}
+
+// initContainersKeepEgress: in container mode (the proxy a regular container, started after
+// the init containers), an init container reaches the test server over each family of the
+// node directly — its exemption holds for IPv6 as for IPv4: without it, its IPv6 connection
+// would go to the proxy's port, where nothing listens yet, and the pod would never start. The
+// proxy's log then shows the app's connections only.
+func initContainersKeepEgress(t *testing.T, ctx context.Context, e *framework.Env) {
+	e.Namespace(t, ctx, "initegress", true)
+	p := e.Pod("early", "initegress")
+	p.Annotations = map[string]string{annotations.SidecarMode: string(annotations.SidecarContainer)}
+	p.Spec.InitContainers[0].Args = dialEach(e.Servers, []string{"-must"})
+	p.Spec.Containers[0].Args = dialEach(e.Servers, []string{"-retry", "30s"}, "serve", "-listen", ":8080")
+	if _, err := e.Node.Client.CoreV1().Pods("initegress").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := e.WaitReady(t, ctx, "initegress", "name=early", 1)[0]
+	init := e.Logs(ctx, "initegress", "early", "init")
+	for _, server := range e.Servers {
+		if !strings.Contains(init, "dial "+server+" ok") {
+			t.Errorf("the init container did not reach %s:\n%s", server, init)
+		}
+	}
+	waitProxyLog(t, ctx, e, &pod, func(log string) error {
+		for _, server := range e.Servers {
+			if n := e.Proxy.OutboundCount(log, server); n != 1 {
+				return fmt.Errorf("%d connections to %s, want 1 (the app's; the init container's went directly)", n, server)
+			}
+		}
+		return nil
+	})
+}
+
+// dualStackConformance: Kubernetes' own dual-stack tests ([Feature:IPv6DualStack] of e2e.test,
+// upstream.SelectDualStack) and the conformance smoke, on the dual-stack node without detour
+// injecting, then with detour injecting every pod: each test that passes without passes with,
+// and at least 95% of their pod-network pods are injected. The table goes to
+// $DETOUR_CONFORMANCE_DIR/report.md (default bin/conformance-dualstack/).
+func dualStackConformance(t *testing.T, ctx context.Context, e *framework.Env) {
+	tests := append(upstream.SelectDualStack(listUpstreamTests(t, ctx, e)), upstream.Smoke...)
+	withAndWithout(t, ctx, e, reportDir(t, e, "DETOUR_CONFORMANCE_DIR", "conformance-dualstack"),
+		"Kubernetes' dual-stack tests and the conformance smoke on a dual-stack node, with and without detour", tests)
 }
 
 // ipv6SocketLookup: the inbound socket lookup over IPv6 — a port the app binds on ::1 only is
@@ -152,6 +199,7 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 			}
 			// The check fails, the proxy restarts and fails again; the pod is never Ready
 			// until repair replaces it.
+			var msg string
 			framework.WaitFor(t, ctx, "the check at the proxy's restart to fail", 2*time.Minute, func() (bool, error) {
 				q, err := e.Node.Client.CoreV1().Pods("onefamily").Get(ctx, p.Name, metav1.GetOptions{})
 				if err != nil {
@@ -160,9 +208,10 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 				if framework.PodReady(q) && proxyRestarts(q) > 0 {
 					return false, fmt.Errorf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
 				}
-				msg := proxyTermination(q)
+				msg = proxyTermination(q)
 				return strings.Contains(msg, "no redirect") && strings.Contains(msg, f.String()+" connection"), framework.Seen("%s; last termination %q", framework.ContainerStates(q), msg)
 			})
+			t.Logf("without its %s redirect, the check at the proxy's restart: %s", f, msg)
 			framework.WaitFor(t, ctx, "repair to replace the pod", 3*time.Minute, func() (bool, error) {
 				pods, err := e.Pods(ctx, "onefamily", "app="+name)
 				if err != nil {

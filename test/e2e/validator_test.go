@@ -66,8 +66,13 @@ func validatorInTheProxysStart(t *testing.T, ctx context.Context, e *framework.E
 		t.Errorf("the check exited %d, want 0", code)
 	}
 	log := e.Logs(ctx, "fold", "web", annotations.ProxyContainer)
+	// The primary family's check comes first (an IPv6-only pod's IPv4 is "not checked").
+	checked := "ipv4 connection to " + validator.DefaultSentinel
+	if !e.Node.Families().Has4() {
+		checked = "ipv6 connection to " + validator.DefaultSentinel6
+	}
 	wants := []string{
-		"redirect in place: ipv4 connection to 203.0.113.254:80 came back to port 4142",
+		"redirect in place: " + checked + " came back to port 4142",
 		validator.StartedMarker + e.Proxy.Command[0],
 	}
 	if e.Proxy == framework.TestProxy {

@@ -46,6 +46,29 @@ func Select(list string) []string {
 	return out
 }
 
+// dualStack marks Kubernetes' dual-stack tests; dualStackExcluded those of them that need
+// more than a dual-stack node on the bridge primary (SCTP) or a serial cluster.
+var (
+	dualStack         = regexp.MustCompile(`^\[sig-network\] \[Feature:IPv6DualStack\] `)
+	dualStackExcluded = regexp.MustCompile(`\[(Serial|Slow|Disruptive|Flaky|Feature:SCTPConnectivity)\]`)
+)
+
+// SelectDualStack picks, from e2e.test --list-tests, Kubernetes' dual-stack tests
+// ([Feature:IPv6DualStack]) but those that need SCTP or a serial cluster: what `make
+// e2e-dualstack` runs on its dual-stack node.
+func SelectDualStack(list string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for line := range strings.SplitSeq(list, "\n") {
+		_, name, ok := strings.Cut(strings.TrimSpace(line), ": ")
+		if ok && !seen[name] && dualStack.MatchString(name) && !dualStackExcluded.MatchString(name) {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
 // Row is one test in both runs.
 type Row struct {
 	Name          string

@@ -114,6 +114,23 @@ func TestSelect(t *testing.T) {
 	}
 }
 
+func TestSelectDualStack(t *testing.T) {
+	list := `    k8s.io/kubernetes@v1.37.2/test/e2e/network/dual_stack.go:64: [sig-network] [Feature:IPv6DualStack] should have at least one dual-stack node
+    k8s.io/kubernetes@v1.37.2/test/e2e/network/dual_stack.go:469: [sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: sctp [Feature:SCTPConnectivity]
+    k8s.io/kubernetes@v1.37.2/test/e2e/network/dual_stack.go:455: [sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: udp
+    k8s.io/kubernetes@v1.37.2/test/e2e/network/networking.go:94: [sig-network] Networking should provide Internet connection for containers [Feature:Networking-IPv6] [Experimental][LinuxOnly]
+    k8s.io/kubernetes@v1.37.2/test/e2e/network/service.go:733: [sig-network] Services should serve a basic endpoint from pods [Conformance]
+    k8s.io/kubernetes@v1.37.2/test/e2e/network/dual_stack.go:64: [sig-network] [Feature:IPv6DualStack] should have at least one dual-stack node
+`
+	want := []string{
+		"[sig-network] [Feature:IPv6DualStack] should have at least one dual-stack node",
+		"[sig-network] [Feature:IPv6DualStack] Granular Checks: Services Secondary IP Family [LinuxOnly] should function for pod-Service: udp",
+	}
+	if got := SelectDualStack(list); !slices.Equal(got, want) {
+		t.Errorf("SelectDualStack:\n got %q\nwant %q", got, want)
+	}
+}
+
 func TestCompare(t *testing.T) {
 	const a, b, c, d = "[sig-network] a", "[sig-network] b", "[sig-network] c", "[sig-network] d"
 	Exceptions[d] = "the server sees the proxy's address"

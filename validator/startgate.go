@@ -224,8 +224,10 @@ func (w *Waiter) attempt(ctx context.Context, to netip.AddrPort) error {
 	return nil
 }
 
-// PodAddrs returns the pod's own addresses, as the kubelet would probe the pod: its global
-// unicast addresses, IPv4 first; loopback only when it has none.
+// PodAddrs returns the pod's own addresses, where the kubelet probes the pod: its global
+// unicast addresses, IPv4 first (the gate passes when the proxy answers on one of them; the
+// kubelet probes the primary family's, so a proxy must listen on every family, proxy-contract
+// item 1); the loopback address of each family only when it has none.
 func PodAddrs() ([]netip.Addr, error) {
 	ifaces, err := net.Interfaces()
 	if err != nil {
@@ -259,7 +261,7 @@ func PodAddrs() ([]netip.Addr, error) {
 	if all := append(v4, v6...); len(all) > 0 {
 		return all, nil
 	}
-	return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1})}, nil
+	return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}, nil
 }
 
 func addrList(addrs []netip.Addr) string {

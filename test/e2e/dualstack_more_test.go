@@ -10,11 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/nsutil"
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/e2e/upstream"
@@ -31,6 +33,7 @@ func init() {
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
+		{"dualstack/cross-node", crossNode},
 		// Last: it leaves detour injecting every pod.
 		{"conformance/dual-stack", dualStackConformance},
 	}
@@ -92,9 +95,60 @@ func initContainersKeepEgress(t *testing.T, ctx context.Context, e *framework.En
 // and at least 95% of their pod-network pods are injected. The table goes to
 // $DETOUR_CONFORMANCE_DIR/report.md (default bin/conformance-dualstack/).
 func dualStackConformance(t *testing.T, ctx context.Context, e *framework.Env) {
+	// Most of the dual-stack tests need a second node (across nodes over each family).
+	e.JoinNode(t, ctx, "e2e-node-b", framework.Options{})
 	tests := append(upstream.SelectDualStack(listUpstreamTests(t, ctx, e)), upstream.Smoke...)
 	withAndWithout(t, ctx, e, reportDir(t, e, "DETOUR_CONFORMANCE_DIR", "conformance-dualstack"),
 		"Kubernetes' dual-stack tests and the conformance smoke on a dual-stack node, with and without detour", tests)
+}
+
+// crossNode: a meshed client on a second node dials a meshed server's address of each family
+// on the control-plane node. The client's proxy carries each connection to that original
+// destination, and the server's proxy takes each in from the client's address of the same
+// family: the nodes route each other's pods of both families over the underlay.
+func crossNode(t *testing.T, ctx context.Context, e *framework.Env) {
+	b := e.JoinNode(t, ctx, "e2e-node-b", framework.Options{})
+	e.SetNodeAgent(t, ctx, b, true)
+	e.Namespace(t, ctx, "crossnode", true)
+	pods := e.Node.Client.CoreV1().Pods("crossnode")
+	if _, err := pods.Create(ctx, framework.OnNode(e.Pod("server", "crossnode"), e.Node.Name), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	server := e.WaitReady(t, ctx, "crossnode", "name=server", 1)[0]
+	var addrs []string
+	for _, ip := range podIPs(t, &server, e.Node.Families()) {
+		addrs = append(addrs, netip.AddrPortFrom(ip, 8080).String())
+	}
+	client := framework.OnNode(e.Pod("client", "crossnode"), b.Name)
+	client.Spec.InitContainers = nil
+	client.Spec.Containers[0].Args = dialEach(addrs, []string{"-must", "-retry", "60s"}, "serve", "-listen", ":8080")
+	if _, err := pods.Create(ctx, client, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c := e.WaitReady(t, ctx, "crossnode", "name=client", 1)[0]
+	app := e.Logs(ctx, "crossnode", "client", "app")
+	for _, addr := range addrs {
+		if !strings.Contains(app, "dial "+addr+" ok: server ") {
+			t.Errorf("the client on %s did not reach the server at %s:\n%s", b.Name, addr, app)
+		}
+	}
+	waitProxyLog(t, ctx, e, &c, func(log string) error {
+		for _, addr := range addrs {
+			if !e.Proxy.OutboundLogged(log, addr) {
+				return fmt.Errorf("no outbound connection to %s", addr)
+			}
+		}
+		return nil
+	})
+	waitProxyLog(t, ctx, e, &server, func(log string) error {
+		for _, ip := range podIPs(t, &c, e.Node.Families()) {
+			if !strings.Contains(log, "proxy inbound "+hostPart(ip)) {
+				return fmt.Errorf("no inbound connection from the client's %s", ip)
+			}
+		}
+		return nil
+	})
+	e.DropNamespaces(t, ctx, "crossnode")
 }
 
 // ipv6SocketLookup: the inbound socket lookup over IPv6 — a port the app binds on ::1 only is
@@ -163,11 +217,11 @@ func dialOutsideMesh(t *testing.T, ctx context.Context, e *framework.Env, ns, na
 }
 
 // oneFamilyMissing: for each family of the node, a meshed pod of a Deployment loses that
-// family's redirect behind its back (the family's nat table removed from its network
-// namespace, as a node-level cleanup of one family would) while the other family's stays,
-// and its proxy crashes. The check at the proxy's next start fails naming the family (exit
-// 42), the pod leaves Ready and does not come back; `detour check` names the family too. Repair
-// then deletes the pod, and its replacement is Ready with every family's rules.
+// family's redirect behind its back (dropFamilyRedirect, as a node-level cleanup of one family
+// would) while the other family's stays, and its proxy crashes. The check at the proxy's next
+// start fails naming that family alone (exit 42), the pod leaves Ready and does not come back;
+// `detour check` names the family too. Repair then deletes the pod, and its replacement is Ready
+// with every family's rules.
 func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 	e.Namespace(t, ctx, "onefamily", true)
 	var families []iptables.Family
@@ -188,9 +242,7 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := iptables.NewExecutor().Remove(ctx, netns, f); err != nil {
-				t.Fatalf("remove the pod's %s rules: %v", f, err)
-			}
+			dropFamilyRedirect(t, ctx, netns, f)
 			if out, err := e.CheckPodRules(ctx, &p, ""); err == nil || !strings.Contains(out, f.String()) {
 				t.Errorf("detour check of the pod without its %s rules: %v, want a failure naming %s:\n%s", f, err, f, out)
 			}
@@ -209,9 +261,18 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 					return false, fmt.Errorf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
 				}
 				msg = proxyTermination(q)
-				return strings.Contains(msg, "no redirect") && strings.Contains(msg, f.String()+" connection"), framework.Seen("%s; last termination %q", framework.ContainerStates(q), msg)
+				return strings.Contains(msg, "no redirect"), framework.Seen("%s; last termination %q", framework.ContainerStates(q), msg)
 			})
 			t.Logf("without its %s redirect, the check at the proxy's restart: %s", f, msg)
+			// The check names the family that lost its redirect, and only that one.
+			for _, g := range families {
+				if failed := strings.Contains(msg, "the "+g.String()+" connection to"); failed != (g == f) {
+					t.Errorf("the check's message names %s as failed: %v, want %v: %s", g, failed, g == f, msg)
+				}
+			}
+			if len(families) == 2 && !strings.Contains(msg, "one IP family only") {
+				t.Errorf("the check's message does not say one family's rules are missing: %s", msg)
+			}
 			framework.WaitFor(t, ctx, "repair to replace the pod", 3*time.Minute, func() (bool, error) {
 				pods, err := e.Pods(ctx, "onefamily", "app="+name)
 				if err != nil {
@@ -229,6 +290,43 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 				t.Errorf("the replacement %s: %v\n%s", replacement.Name, err, out)
 			}
 		})
+	}
+}
+
+// dropFamilyRedirect takes family f's redirect out of the pod's network namespace at netns and
+// leaves the other family's: with the nftables backend it flushes f's chains of detour's table
+// (one inet table holds both families), with the iptables backends it removes f's rules.
+func dropFamilyRedirect(t *testing.T, ctx context.Context, netns string, f iptables.Family) {
+	t.Helper()
+	var inTable bool
+	err := nsutil.Do(netns, func() error {
+		c, err := nftables.New()
+		if err != nil {
+			return err
+		}
+		tables, err := c.ListTablesOfFamily(nftables.TableFamilyINet)
+		if err != nil {
+			return err
+		}
+		for _, tbl := range tables {
+			if tbl.Name != iptables.NFTTable {
+				continue
+			}
+			inTable = true
+			for _, chain := range []string{iptables.NFTOutboundChain(f), iptables.NFTInboundChain(f)} {
+				c.FlushChain(&nftables.Chain{Table: tbl, Name: chain})
+			}
+			return c.Flush()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("flush the pod's %s chains: %v", f, err)
+	}
+	if !inTable {
+		if err := iptables.NewExecutor().Remove(ctx, netns, f); err != nil {
+			t.Fatalf("remove the pod's %s rules: %v", f, err)
+		}
 	}
 }
 

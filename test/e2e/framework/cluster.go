@@ -38,9 +38,6 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 	if cp.cp != nil {
 		return nil, fmt.Errorf("join %s: %s is not the control-plane node", name, cp.Name)
 	}
-	if f := cp.Families(); f != IPv4Only {
-		return nil, fmt.Errorf("join %s: the cluster's families are %q; a node joins an IPv4-only cluster only (families.go)", name, f)
-	}
 	if port := underlayPort(name); len(port) > 15 {
 		return nil, fmt.Errorf("join %s: the name is too long for its underlay port's link name %s (15 bytes at most)", name, port)
 	}
@@ -57,8 +54,9 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 		cp.mu.Unlock()
 		return nil, fmt.Errorf("join %s: the underlay %s has no address left", name, underlay)
 	}
+	fams := cp.Families().nodeFamilies(index)
 	n = &Node{
-		Name: name, IP: UnderlayAddr(index), PodSubnet: podRange(index),
+		Name: name, IP: UnderlayAddr(index), PodSubnet: fams[0].pods, fams: fams,
 		Dir: filepath.Join(cp.Dir, "nodes", name), BinDir: cp.BinDir, opts: opts,
 		Cgroup: cp.Cgroup + "/" + name, pids: map[string]int{}, cp: cp,
 		Config: cp.Config, Client: cp.Client,
@@ -90,7 +88,7 @@ func (cp *Node) Join(ctx context.Context, name string, opts Options) (n *Node, e
 			{Source: filepath.Join(n.Dir, "cni"), Target: filepath.Join(cp.Dir, "cni")},
 			{Source: filepath.Join(n.Dir, "logs"), Target: filepath.Join(cp.Dir, "logs")},
 		}, n.ciliumBinds()...),
-		Net: netSpec{Link: "node0", NodeIP: n.IP},
+		Net: n.netSpec(),
 	}, n.logPath("holder"))
 	if err != nil {
 		return n, err
@@ -159,18 +157,10 @@ func (cp *Node) freeIndex() int {
 	return -1
 }
 
-// UnderlayAddr is node i's address: the underlay's (i+1)th.
+// UnderlayAddr is node i's IPv4 address: the underlay's (i+1)th.
 func UnderlayAddr(i int) netip.Addr {
-	b := underlay.Addr().As4()
-	b[3] += byte(i + 1)
-	return netip.AddrFrom4(b)
-}
-
-// podRange is node i's pods' range: 10.88.i.0/24.
-func podRange(i int) netip.Prefix {
-	b := podSubnet.Addr().As4()
-	b[2] += byte(i)
-	return netip.PrefixFrom(netip.AddrFrom4(b), podSubnet.Bits())
+	ip, _ := ipv4.at(i)
+	return ip
 }
 
 // plugIntoUnderlay moves the peer end of the node's veth into the control-plane node's
@@ -268,16 +258,18 @@ func (n *Node) routePods(other *Node, add bool) error {
 		if err != nil {
 			return err
 		}
-		dst := &net.IPNet{IP: other.PodSubnet.Addr().AsSlice(), Mask: net.CIDRMask(other.PodSubnet.Bits(), 32)}
-		r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: other.IP.AsSlice()}
-		if add {
-			if err := netlink.RouteReplace(r); err != nil {
-				return fmt.Errorf("route %s's pods %s via %s on %s: %w", other.Name, other.PodSubnet, other.IP, n.Name, err)
+		for _, f := range other.fams {
+			dst := &net.IPNet{IP: f.pods.Addr().AsSlice(), Mask: net.CIDRMask(f.pods.Bits(), f.pods.Addr().BitLen())}
+			r := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Gw: f.ip.AsSlice()}
+			if add {
+				if err := netlink.RouteReplace(r); err != nil {
+					return fmt.Errorf("route %s's pods %s via %s on %s: %w", other.Name, f.pods, f.ip, n.Name, err)
+				}
+				continue
 			}
-			return nil
-		}
-		if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
-			return fmt.Errorf("remove %s's route to %s's pods: %w", n.Name, other.Name, err)
+			if err := netlink.RouteDel(r); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("remove %s's route to %s's pods %s: %w", n.Name, other.Name, f.pods, err)
+			}
 		}
 		return nil
 	})

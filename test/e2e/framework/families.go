@@ -7,8 +7,8 @@ import (
 )
 
 // Families are the IP families of a cluster: of its node IPs, its pods and its Services
-// (Options.Families). A dual-stack or IPv6-only cluster is one node on the primary's bridge
-// network: flannel, Cilium and the nodes that join are IPv4 only here.
+// (Options.Families). A dual-stack or IPv6-only cluster runs on the primary's bridge network
+// (flannel and Cilium are IPv4 only here); the nodes that join it take its families.
 type Families string
 
 const (
@@ -104,29 +104,65 @@ func (f Families) joined(of func(family) netip.Prefix) string {
 	return strings.Join(out, ",")
 }
 
+// at is node i's address on the underlay and its pods' range in fam (node 0 is the
+// control-plane node: nodeIP and podSubnet).
+func (fam family) at(i int) (netip.Addr, netip.Prefix) {
+	ip, pods := fam.nodeIP.As16(), fam.podSubnet.Addr().As16()
+	ip[15] += byte(i)
+	if fam.nodeIP.Is4() {
+		pods[14] += byte(i) // the third byte of the IPv4 address: 10.88.i.0/24
+		return netip.AddrFrom16(ip).Unmap(), netip.PrefixFrom(netip.AddrFrom16(pods).Unmap(), fam.podSubnet.Bits())
+	}
+	pods[7] += byte(i) // fd00:88:0:i::/64
+	return netip.AddrFrom16(ip), netip.PrefixFrom(netip.AddrFrom16(pods), fam.podSubnet.Bits())
+}
+
+// nodeFamily is a node's address and pods' range in one family of the cluster.
+type nodeFamily struct {
+	family
+	ip   netip.Addr
+	pods netip.Prefix
+}
+
+// nodeFamilies are node i's addresses and pods' ranges in f's families, the primary first.
+func (f Families) nodeFamilies(i int) []nodeFamily {
+	var out []nodeFamily
+	for _, fam := range f.list() {
+		ip, pods := fam.at(i)
+		out = append(out, nodeFamily{fam, ip, pods})
+	}
+	return out
+}
+
 // Families is the cluster's IP families.
 func (n *Node) Families() Families { return n.root().opts.Families }
 
 // IPs are the node's addresses as its kubelet reports them (--node-ip), the primary first.
 func (n *Node) IPs() []netip.Addr {
-	if n.cp != nil {
-		return []netip.Addr{n.IP}
-	}
 	var out []netip.Addr
-	for _, fam := range n.Families().list() {
-		out = append(out, fam.nodeIP)
+	for _, f := range n.fams {
+		out = append(out, f.ip)
 	}
 	return out
 }
 
 // PodSubnets are the node's pods' ranges, the primary first.
 func (n *Node) PodSubnets() []netip.Prefix {
-	if n.cp != nil {
-		return []netip.Prefix{n.PodSubnet}
-	}
 	var out []netip.Prefix
-	for _, fam := range n.Families().list() {
-		out = append(out, fam.podSubnet)
+	for _, f := range n.fams {
+		out = append(out, f.pods)
 	}
 	return out
+}
+
+// netSpec is the node's network: its IPv4 address on the underlay, and its IPv6 one when the
+// cluster has IPv6.
+func (n *Node) netSpec() netSpec {
+	spec := netSpec{Link: "node0", NodeIP: n.IP}
+	for _, f := range n.fams {
+		if f.ip.Is6() {
+			spec.NodeIP6 = f.ip
+		}
+	}
+	return spec
 }

@@ -114,6 +114,10 @@ type Node struct {
 
 	// cp is the control-plane node a node joined (cluster.go); nil on the control-plane node.
 	cp *Node
+	// fams are the node's address and pods' range in each family of the cluster, the primary
+	// first (IP and PodSubnet are the first's, but on an IPv6-only cluster, where IP is the
+	// node's IPv4 address outside the cluster).
+	fams []nodeFamily
 
 	mu sync.Mutex
 	// pids are the running components' processes; a component stopped on purpose is not here.
@@ -141,8 +145,9 @@ func Start(ctx context.Context, binDir string, opts Options) (n *Node, err error
 	if err := opts.Families.check(opts); err != nil {
 		return nil, err
 	}
+	fams := opts.Families.nodeFamilies(0)
 	n = &Node{
-		Name: NodeName, IP: NodeIP, PodSubnet: opts.Families.list()[0].podSubnet,
+		Name: NodeName, IP: NodeIP, PodSubnet: fams[0].pods, fams: fams,
 		Dir: filepath.Join(base, name), BinDir: binDir, opts: opts, Cgroup: name, pids: map[string]int{},
 		joined: map[string]*Node{},
 	}
@@ -285,16 +290,6 @@ func (n *Node) teardown() error {
 		errs = append(errs, os.RemoveAll(n.Dir))
 	}
 	return errors.Join(errs...)
-}
-
-// netSpec is the control-plane node's network: its IPv4 address, and its IPv6 one when the
-// cluster has IPv6.
-func (n *Node) netSpec() netSpec {
-	spec := netSpec{Link: "node0", NodeIP: NodeIP}
-	if n.Families().Has6() {
-		spec.NodeIP6 = NodeIP6
-	}
-	return spec
 }
 
 func (n *Node) apiURL() string { return fmt.Sprintf("https://%s:%d", NodeIP, APIPort) }

@@ -271,7 +271,7 @@ func (v *Validator) noRedirect(families []family, failed []string, partly bool) 
 	}
 	cause := "the detour CNI plugin did not run for this pod — was the node's CNI config in place when the pod started?"
 	if partly {
-		cause = "the detour CNI plugin installed rules for one IP family only — check the plugin's ipv6 setting and this validator's --ipv6"
+		cause = "the pod has the redirect of one IP family only — detour-cni installs IPv4 rules in every injected pod and IPv6 rules when the primary plugin reports an IPv6 address (set the plugin's ipv6 to always when it does not, or this validator's --ipv6); a pod that started with both lost the other since (something flushed that family's rules in the pod): recreate it"
 	}
 	return &Error{Code: ExitNoRedirect, Msg: fmt.Sprintf(
 		"no redirect in this pod's network namespace: expected connections to %s to be redirected to port %d of this pod, but %s: %s",

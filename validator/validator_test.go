@@ -234,7 +234,7 @@ func TestRunOneFamilyMissing(t *testing.T) {
 	if validator.Code(err) != validator.ExitNoRedirect {
 		t.Fatalf("Run = %v, want exit %d", err, validator.ExitNoRedirect)
 	}
-	for _, want := range []string{"203.0.113.254:80 and [2001:db8::fe]:80", "the ipv6 connection to [2001:db8::fe]:80 failed", "rules for one IP family only"} {
+	for _, want := range []string{"203.0.113.254:80 and [2001:db8::fe]:80", "the ipv6 connection to [2001:db8::fe]:80 failed", "the redirect of one IP family only"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("message %q does not contain %q", err, want)
 		}

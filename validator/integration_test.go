@@ -2,6 +2,7 @@ package validator_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -594,7 +596,7 @@ func TestIntegrationStartGateHook(t *testing.T) {
 		_, r := foldedProxy(t, "true")
 		applyRedirect(t, ns, r)
 		check := runFolded(ctx, ns, proxy)
-		var checkOut strings.Builder
+		var checkOut lockedBuffer
 		check.Stdout, check.Stderr = &checkOut, &checkOut
 		if err := ns.Do(check.Start); err != nil {
 			t.Fatal(err)
@@ -621,6 +623,11 @@ func TestIntegrationStartGateHook(t *testing.T) {
 			}
 		case <-time.After(5 * time.Second):
 			t.Fatalf("the hook did not return once the proxy listened:\n%s", out.String())
+		}
+		// The hook passed on the test's own listener; the check execs the proxy about then.
+		deadline := time.Now().Add(5 * time.Second)
+		for !strings.Contains(checkOut.String(), "proxy up") && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
 		}
 		if !strings.Contains(checkOut.String(), "proxy up") {
 			t.Errorf("the check did not exec the proxy:\n%s", checkOut.String())
@@ -711,4 +718,23 @@ func netnsID(t *testing.T, path string) uint64 {
 		t.Fatal(err)
 	}
 	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+// lockedBuffer is a buffer a child process writes to (through exec's copying goroutine) while
+// the test reads it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

@@ -163,8 +163,11 @@ func (w *Waiter) Wait(ctx context.Context) (WaitResult, error) {
 			if err == nil {
 				return WaitResult{Addr: to, Attempts: attempts, Elapsed: time.Since(start), Unjoined: unjoined}, nil
 			}
-			if ctx.Err() == nil || last == nil {
-				last = err // not the end of the wait cutting an attempt short
+			// Not the end of the wait cutting an attempt short: the dialer's own deadline can
+			// fire just before the context says it is done.
+			deadline, _ := ctx.Deadline()
+			if ctx.Err() == nil && time.Now().Before(deadline) || last == nil {
+				last = err
 			}
 		}
 		pause := w.backoff[min(attempts-1, len(w.backoff)-1)]

@@ -81,8 +81,8 @@ e2e-haproxy:
 conformance-haproxy:
 	DETOUR_E2E_PROXY=haproxy GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./test/e2e
 
-# The stories of issue 44 on a node of their own with IPv4 and IPv6 (dual stack), then on one
-# whose pods and Services are IPv6 only (test/e2e/dualstack*_test.go): every family captured
+# The stories of issue 44 on a node of their own whose pods and Services are IPv6 only, then
+# on one with IPv4 and IPv6 (dual stack; test/e2e/dualstack*_test.go): every family captured
 # both ways, a Service of every family, the socket lookup over IPv6, a pod that lost one
 # family's redirect never Ready and repaired, and core stories of TestE2E. `make test` (CI)
 # runs the dual-stack capture smoke.

@@ -459,9 +459,12 @@ func (p *Plugin) status(c *call) error {
 	ex := p.NewExecutor(c.conf)
 	if err := ex.Usable(iptables.IPv4); err != nil {
 		warnings = append(warnings, fmt.Sprintf("injected pods cannot get their redirect (their ADD fails): %v", err))
-	} else if err := ex.Usable(iptables.IPv6); err != nil {
-		// Every injected pod gets IPv4 rules; a pod with an IPv6 address IPv6 ones too.
-		warnings = append(warnings, fmt.Sprintf("injected pods with an IPv6 address cannot get their redirect (their ADD fails): %v", err))
+	} else if b := ex.Backend(); b == iptables.BackendLegacy || b == iptables.BackendNFT {
+		// Every injected pod gets IPv4 rules; a pod with an IPv6 address IPv6 ones too, with
+		// tools of their own (nf_tables answers both families alike).
+		if err := ex.Usable(iptables.IPv6); err != nil {
+			warnings = append(warnings, fmt.Sprintf("injected pods with an IPv6 address cannot get their redirect (their ADD fails): %v; install the ip6tables tools on the node (Debian's iptables package has both), or set the plugin's iptablesBackend to nftables", err))
+		}
 	}
 	if c.conf.Kubeconfig != "" {
 		if _, err := p.NewPodGetter(c.conf); err != nil {

@@ -230,7 +230,7 @@ func (w *Waiter) attempt(ctx context.Context, to netip.AddrPort) error {
 // PodAddrs returns the pod's own addresses, where the kubelet probes the pod: its global
 // unicast addresses, IPv4 first (the gate passes when the proxy answers on one of them; the
 // kubelet probes the primary family's, so a proxy must listen on every family, proxy-contract
-// item 1); the loopback address of each family only when it has none.
+// item 1); 127.0.0.1 only when it has none.
 func PodAddrs() ([]netip.Addr, error) {
 	ifaces, err := net.Interfaces()
 	if err != nil {
@@ -264,7 +264,7 @@ func PodAddrs() ([]netip.Addr, error) {
 	if all := append(v4, v6...); len(all) > 0 {
 		return all, nil
 	}
-	return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()}, nil
+	return []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1})}, nil
 }
 
 func addrList(addrs []netip.Addr) string {

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -20,6 +21,7 @@ import (
 	"github.com/detourmesh/detour/iptables"
 	"github.com/detourmesh/detour/test/e2e/framework"
 	"github.com/detourmesh/detour/test/e2e/upstream"
+	"github.com/detourmesh/detour/validator"
 )
 
 // make e2e-dualstack: the dual-stack node's stories beyond CI's smoke, and the IPv6-only node.
@@ -191,31 +193,6 @@ func ipv6SocketLookup(t *testing.T, ctx context.Context, e *framework.Env) {
 	}
 }
 
-// dialOutsideMesh runs a pod named name in ns (not injected) that dials addr once, and returns
-// its log: the refusal it sees is the server pod's kernel's, not its own proxy's.
-func dialOutsideMesh(t *testing.T, ctx context.Context, e *framework.Env, ns, name, addr string) string {
-	t.Helper()
-	client := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: corev1.PodSpec{
-			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
-			Containers: []corev1.Container{{Name: "dial", Image: e.Artifacts.Refs.Workload, ImagePullPolicy: corev1.PullNever,
-				Args: []string{"dial", "-timeout", "5s", "-addr", addr}}},
-		},
-	}
-	if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	framework.WaitFor(t, ctx, "the client to finish", 2*time.Minute, func() (bool, error) {
-		c, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return false, err
-		}
-		return c.Status.Phase == corev1.PodSucceeded || c.Status.Phase == corev1.PodFailed, framework.Seen("%s", c.Status.Phase)
-	})
-	return e.Logs(ctx, ns, name, "dial")
-}
-
 // oneFamilyMissing: for each family of the node, a meshed pod of a Deployment loses that
 // family's redirect behind its back (dropFamilyRedirect, as a node-level cleanup of one family
 // would) while the other family's stays, and its proxy crashes. The check at the proxy's next
@@ -243,26 +220,47 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 				t.Fatal(err)
 			}
 			dropFamilyRedirect(t, ctx, netns, f)
-			if out, err := e.CheckPodRules(ctx, &p, ""); err == nil || !strings.Contains(out, f.String()) {
-				t.Errorf("detour check of the pod without its %s rules: %v, want a failure naming %s:\n%s", f, err, f, out)
+			out, err := e.CheckPodRules(ctx, &p, "")
+			if err == nil || strings.Contains(out, "the "+f.String()+" rules in") {
+				t.Errorf("detour check of the pod without its %s rules: %v, want it to fail on them:\n%s", f, err, out)
 			}
+			for _, g := range families {
+				if g != f && !strings.Contains(out, "the "+g.String()+" rules in") {
+					t.Errorf("detour check does not find the %s rules the pod kept:\n%s", g, out)
+				}
+			}
+			// Every state of the pod from now on, so that none is missed before repair deletes
+			// it: the check fails at the proxy's restart, the proxy restarts and fails again,
+			// and the pod is not Ready before repair replaces it.
+			w, err := e.Node.Client.CoreV1().Pods("onefamily").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + p.Name, ResourceVersion: p.ResourceVersion})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Stop()
 			if n, err := e.KillInPod(&p, "testproxy"); err != nil || n != 1 {
 				t.Fatalf("kill the proxy: %d killed, %v", n, err)
 			}
-			// The check fails, the proxy restarts and fails again; the pod is never Ready
-			// until repair replaces it.
 			var msg string
-			framework.WaitFor(t, ctx, "the check at the proxy's restart to fail", 2*time.Minute, func() (bool, error) {
-				q, err := e.Node.Client.CoreV1().Pods("onefamily").Get(ctx, p.Name, metav1.GetOptions{})
-				if err != nil {
-					return false, nil // deleted by repair already: the watch below sees it
+			var code int32
+			timeout := time.After(2 * time.Minute)
+			for !strings.Contains(msg, "no redirect") {
+				select {
+				case ev, ok := <-w.ResultChan():
+					q, isPod := ev.Object.(*corev1.Pod)
+					if !ok || !isPod {
+						t.Fatalf("the pod's watch ended (%v) before its check's failure was seen", ev.Type)
+					}
+					if framework.PodReady(q) && proxyRestarts(q) > 0 {
+						t.Fatalf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
+					}
+					code, msg = proxyTermination(q)
+				case <-timeout:
+					t.Fatalf("the check at the proxy's restart did not fail within 2 minutes (last termination: %d %q)", code, msg)
 				}
-				if framework.PodReady(q) && proxyRestarts(q) > 0 {
-					return false, fmt.Errorf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
-				}
-				msg = proxyTermination(q)
-				return strings.Contains(msg, "no redirect"), framework.Seen("%s; last termination %q", framework.ContainerStates(q), msg)
-			})
+			}
+			if code != validator.ExitNoRedirect {
+				t.Errorf("the check at the proxy's restart exited %d, want %d (no redirect)", code, validator.ExitNoRedirect)
+			}
 			t.Logf("without its %s redirect, the check at the proxy's restart: %s", f, msg)
 			// The check names the family that lost its redirect, and only that one.
 			for _, g := range families {
@@ -330,19 +328,16 @@ func dropFamilyRedirect(t *testing.T, ctx context.Context, netns string, f iptab
 	}
 }
 
-// proxyTermination is the message of the proxy container's last termination (current or
-// previous state).
-func proxyTermination(p *corev1.Pod) string {
+// proxyTermination is the exit code and message of the proxy container's last termination
+// (current or previous state).
+func proxyTermination(p *corev1.Pod) (int32, string) {
 	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
 		if s.Name != annotations.ProxyContainer {
 			continue
 		}
-		if s.State.Terminated != nil {
-			return s.State.Terminated.Message
-		}
-		if s.LastTerminationState.Terminated != nil {
-			return s.LastTerminationState.Terminated.Message
+		if t := cmp.Or(s.State.Terminated, s.LastTerminationState.Terminated); t != nil {
+			return t.ExitCode, t.Message
 		}
 	}
-	return ""
+	return 0, ""
 }

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -181,28 +182,36 @@ func inboundLoopbackStaysLocal(t *testing.T, ctx context.Context, e *framework.E
 
 	// A client outside the mesh, so that the refusal it sees is the server pod's kernel's, not
 	// its own proxy closing a connection it accepted.
-	name := "client-" + string(backend)
+	addr := net.JoinHostPort(server.Status.PodIP, "9090")
+	if log := dialOutsideMesh(t, ctx, e, "inbound-client", "client-"+string(backend), addr); !strings.Contains(log, "connection refused") {
+		t.Errorf("a client in another pod dialled %s, bound on 127.0.0.1 only: %q, want connection refused", addr, log)
+	}
+}
+
+// dialOutsideMesh runs a pod named name in ns (not injected) that dials addr once, and returns
+// its log: the refusal it sees is the server pod's kernel's, not its own proxy's.
+func dialOutsideMesh(t *testing.T, ctx context.Context, e *framework.Env, ns, name, addr string) string {
+	t.Helper()
+	workload := e.Pod(name, ns).Spec.Containers[0] // the workload image, as the stories' pods get it
 	client := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "inbound-client"},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever, AutomountServiceAccountToken: ptr.To(false),
-			Containers: []corev1.Container{{Name: "dial", Image: app.Image, ImagePullPolicy: app.ImagePullPolicy,
-				Args: []string{"dial", "-timeout", "5s", "-addr", server.Status.PodIP + ":9090"}}},
+			Containers: []corev1.Container{{Name: "dial", Image: workload.Image, ImagePullPolicy: workload.ImagePullPolicy,
+				Args: []string{"dial", "-timeout", "5s", "-addr", addr}}},
 		},
 	}
-	if _, err := e.Node.Client.CoreV1().Pods("inbound-client").Create(ctx, client, metav1.CreateOptions{}); err != nil {
+	if _, err := e.Node.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	framework.WaitFor(t, ctx, "the client to finish", 2*time.Minute, func() (bool, error) {
-		c, err := e.Node.Client.CoreV1().Pods("inbound-client").Get(ctx, name, metav1.GetOptions{})
+		c, err := e.Node.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
 		return c.Status.Phase == corev1.PodSucceeded || c.Status.Phase == corev1.PodFailed, framework.Seen("%s", c.Status.Phase)
 	})
-	if log := e.Logs(ctx, "inbound-client", name, "dial"); !strings.Contains(log, "connection refused") {
-		t.Errorf("a client in another pod dialled %s:9090, bound on 127.0.0.1 only: %q, want connection refused", server.Status.PodIP, log)
-	}
+	return e.Logs(ctx, ns, name, "dial")
 }
 
 // podRules is the pod's live nat rules (IPv4) as the backend prints them, read from the host

@@ -24,8 +24,9 @@ import (
 //
 // The underlay is a bridge in the control-plane node's network namespace ("the switch of the
 // rack"): each node's address lies in the underlay prefix on its own veth, whose peer end is
-// a port of that bridge. Each node's pods have their own /24 of 10.88.0.0/16, on the primary
-// CNI's bridge, and every node routes the others' pod ranges through their node IPs — what a
+// a port of that bridge. Each node's pods have their own /24 of 10.88.0.0/16 (and /64 of
+// fd00:88::/56 on a cluster with IPv6: families.go), on the primary CNI's bridge, and every
+// node routes the others' pod ranges through their node IPs of the same family — what a
 // host-gw primary (flannel's host-gw backend, Calico without encapsulation) does on one L2
 // segment.
 

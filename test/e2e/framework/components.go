@@ -61,18 +61,15 @@ func (n *Node) command(name string) (argv, env []string) {
 			"--cluster-signing-cert-file", pki("ca.crt"), "--cluster-signing-key-file", pki("ca.key"),
 			"--service-cluster-ip-range", n.Families().serviceCIDRs(),
 			"--leader-elect=false", "--profiling=false"}
-		switch {
-		case n.flannel() || n.cilium():
+		// On the bridge primary, of every family, each node's conflist holds its pod ranges
+		// (host-local's, fixed by the node's index) and no Node carries them: the range
+		// allocator hands out ranges round-robin, so a node that left and joined again would
+		// be given other ones than its conflist's.
+		if n.flannel() || n.cilium() {
 			// Flannel's kube subnet manager, and Cilium's ipam mode kubernetes, take each
 			// node's pod range from its Node.
 			argv = append(argv, "--allocate-node-cidrs=true", "--cluster-cidr", ClusterCIDR.String(),
 				"--node-cidr-mask-size", fmt.Sprint(podSubnet.Bits()))
-		case n.Families() != IPv4Only:
-			// Each family's pod range on the Node, as a dual-stack cluster's (the node's
-			// conflist holds the first of each, the ranges it is given; the default masks,
-			// /24 and /64, are the conflist's).
-			argv = append(argv, "--allocate-node-cidrs=true",
-				"--cluster-cidr", n.Families().clusterCIDRs())
 		}
 	case "kube-scheduler":
 		argv = []string{n.kubeBin("kube-scheduler"),

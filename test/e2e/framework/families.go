@@ -38,14 +38,14 @@ type family struct {
 }
 
 var (
-	// NodeIP6 is the control-plane node's IPv6 address, on a dual-stack or IPv6-only cluster.
-	NodeIP6 = netip.MustParseAddr("fd00:200::1")
+	// nodeIP6 is the control-plane node's IPv6 address, on a dual-stack or IPv6-only cluster.
+	nodeIP6 = netip.MustParseAddr("fd00:200::1")
 
 	ipv4 = family{name: "ipv4", nodeIP: NodeIP, podSubnet: podSubnet, clusterCIDR: ClusterCIDR,
 		serviceCIDR: serviceCIDR, serviceIP: serviceIP, dnsIP: dnsIP, underlay: underlay}
 	// ipv6's ranges are unique local addresses; the Service range is a /112, the largest the
 	// API server's allocator takes for IPv6 being a /108.
-	ipv6 = family{name: "ipv6", nodeIP: NodeIP6,
+	ipv6 = family{name: "ipv6", nodeIP: nodeIP6,
 		podSubnet: netip.MustParsePrefix("fd00:88::/64"), clusterCIDR: netip.MustParsePrefix("fd00:88::/56"),
 		serviceCIDR: netip.MustParsePrefix("fd00:96::/112"),
 		serviceIP:   netip.MustParseAddr("fd00:96::1"), dnsIP: netip.MustParseAddr("fd00:96::a"),
@@ -88,15 +88,15 @@ func (f Families) Has4() bool { return f != IPv6Only }
 // serviceCIDRs are f's Service ranges, comma-separated, the primary first (the API server's
 // and the controller manager's --service-cluster-ip-range).
 func (f Families) serviceCIDRs() string {
-	return f.joined(func(fam family) netip.Prefix { return fam.serviceCIDR })
+	return f.joinPrefixes(func(fam family) netip.Prefix { return fam.serviceCIDR })
 }
 
 // clusterCIDRs are f's ranges of every node's pods, comma-separated, the primary first.
 func (f Families) clusterCIDRs() string {
-	return f.joined(func(fam family) netip.Prefix { return fam.clusterCIDR })
+	return f.joinPrefixes(func(fam family) netip.Prefix { return fam.clusterCIDR })
 }
 
-func (f Families) joined(of func(family) netip.Prefix) string {
+func (f Families) joinPrefixes(of func(family) netip.Prefix) string {
 	var out []string
 	for _, fam := range f.list() {
 		out = append(out, of(fam).String())

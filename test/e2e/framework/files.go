@@ -78,7 +78,10 @@ func (n *Node) writeFiles() error {
 func (n *Node) apiServerIPs() []net.IP {
 	ips := []net.IP{net.ParseIP("127.0.0.1"), NodeIP.AsSlice()}
 	for _, fam := range n.Families().list() {
-		ips = append(ips, fam.nodeIP.AsSlice(), fam.serviceIP.AsSlice())
+		if fam.nodeIP != NodeIP {
+			ips = append(ips, fam.nodeIP.AsSlice())
+		}
+		ips = append(ips, fam.serviceIP.AsSlice())
 	}
 	return ips
 }

@@ -87,7 +87,7 @@ func (n *Node) takePodCIDR(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s's pod range %q: %w", n.Name, cidr, err)
 	}
-	n.PodSubnet = p
+	n.PodSubnet, n.fams[0].pods = p, p
 	return nil
 }
 

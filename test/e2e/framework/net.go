@@ -66,11 +66,16 @@ func setUpNodeNetwork(n netSpec) error {
 	if err != nil {
 		return err
 	}
-	routes := map[netip.Addr]netip.Prefix{n.NodeIP: ipv4.serviceCIDR}
-	if n.NodeIP6.IsValid() {
-		routes[n.NodeIP6] = ipv6.serviceCIDR
+	type route struct {
+		src      netip.Addr
+		services netip.Prefix
 	}
-	for src, services := range routes {
+	routes := []route{{n.NodeIP, ipv4.serviceCIDR}}
+	if n.NodeIP6.IsValid() {
+		routes = append(routes, route{n.NodeIP6, ipv6.serviceCIDR})
+	}
+	for _, r := range routes {
+		src, services := r.src, r.services
 		dst := &net.IPNet{IP: services.Addr().AsSlice(), Mask: net.CIDRMask(services.Bits(), services.Addr().BitLen())}
 		route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: src.AsSlice(), Scope: netlink.SCOPE_LINK}
 		if err := netlink.RouteAdd(route); err != nil {

@@ -28,7 +28,7 @@ var (
 	serviceCIDR = netip.MustParsePrefix("10.96.0.0/24")
 	// dnsIP is the cluster DNS's ClusterIP (the kube-dns Service, the kubelet's clusterDNS).
 	dnsIP = netip.MustParseAddr("10.96.0.10")
-	// ClusterCIDR holds every node's pod range (podRange).
+	// ClusterCIDR holds every node's pod range (family.at).
 	ClusterCIDR = netip.MustParsePrefix("10.88.0.0/16")
 	// underlay is the nodes' network: the control-plane node is NodeIP, the nodes that join
 	// it the next addresses (cluster.go).

@@ -45,7 +45,7 @@ func Check(opts Options) []string {
 	}
 	problems = append(problems, cgroups()...)
 	problems = append(problems, namespaces()...)
-	for _, f := range []func() string{overlay, userNamespaces, seccomp, nft, haproxy} {
+	for _, f := range []func() string{overlay, userNamespaces, seccomp, nft, haproxy, ipv6} {
 		if p := f(); p != "" {
 			problems = append(problems, p)
 		}
@@ -164,6 +164,15 @@ func natTable() error {
 func nft() string {
 	if _, err := exec.LookPath("nft"); err != nil {
 		return "nft is not on PATH: kube-proxy (nftables mode) runs it on every node (Debian: apt-get install nftables; hack/host-deps.sh does as root)"
+	}
+	return ""
+}
+
+// ipv6 checks that the kernel has IPv6: the dual-stack node (TestE2EDualStack, in make test)
+// gives its pods IPv6 addresses.
+func ipv6() string {
+	if _, err := os.Stat("/proc/sys/net/ipv6"); err != nil {
+		return "the kernel has no IPv6 (/proc/sys/net/ipv6 is missing: booted with ipv6.disable=1?): the dual-stack node's pods need it"
 	}
 	return ""
 }

@@ -31,14 +31,19 @@ var groups = regexp.MustCompile(`^\[sig-network\] (Networking|Services|DNS|Endpo
 // conformance` runs: every [sig-network] conformance test, and the tests of groups that are
 // not excluded.
 func Select(list string) []string {
+	return pick(list, func(name string) bool {
+		return strings.HasPrefix(name, "[sig-network] ") &&
+			(strings.Contains(name, "[Conformance]") || groups.MatchString(name) && !excluded.MatchString(name))
+	})
+}
+
+// pick returns the names of e2e.test --list-tests that keep holds for, each once, in order.
+func pick(list string, keep func(name string) bool) []string {
 	var out []string
 	seen := map[string]bool{}
 	for line := range strings.SplitSeq(list, "\n") {
 		_, name, ok := strings.Cut(strings.TrimSpace(line), ": ")
-		if !ok || !strings.HasPrefix(name, "[sig-network] ") || seen[name] {
-			continue
-		}
-		if strings.Contains(name, "[Conformance]") || groups.MatchString(name) && !excluded.MatchString(name) {
+		if ok && !seen[name] && keep(name) {
 			seen[name] = true
 			out = append(out, name)
 		}
@@ -57,16 +62,9 @@ var (
 // ([Feature:IPv6DualStack]) but those that need SCTP or a serial cluster: what `make
 // e2e-dualstack` runs on its dual-stack node.
 func SelectDualStack(list string) []string {
-	var out []string
-	seen := map[string]bool{}
-	for line := range strings.SplitSeq(list, "\n") {
-		_, name, ok := strings.Cut(strings.TrimSpace(line), ": ")
-		if ok && !seen[name] && dualStack.MatchString(name) && !dualStackExcluded.MatchString(name) {
-			seen[name] = true
-			out = append(out, name)
-		}
-	}
-	return out
+	return pick(list, func(name string) bool {
+		return dualStack.MatchString(name) && !dualStackExcluded.MatchString(name)
+	})
 }
 
 // Row is one test in both runs.

@@ -87,7 +87,7 @@ conformance-haproxy:
 # family's redirect never Ready and repaired, and core stories of TestE2E. `make test` (CI)
 # runs the dual-stack capture smoke.
 e2e-dualstack:
-	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags dualstack -run 'TestE2EDualStack|TestE2EIPv6Only' ./test/e2e
+	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags dualstack -run 'TestE2EDualStack|TestE2EIPv6Only|TestE2EIPv4ToDualStack' ./test/e2e
 
 # Kubernetes' NetworkPolicy tests on Cilium with every pod meshed (docs/conformance.md; not in
 # CI): the [sig-network] Netpol tests of e2e.test v1.37.2 on a two-node Cilium cluster, once

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/google/nftables"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
@@ -31,6 +33,7 @@ func init() {
 		{"dualstack/init-containers-keep-egress", initContainersKeepEgress},
 		{"dualstack/ipv6-socket-lookup", ipv6SocketLookup},
 		{"dualstack/one-family-missing-is-never-ready", oneFamilyMissing},
+		{"dualstack/one-family-missing-at-the-init-container", oneFamilyMissingAtTheInitContainer},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"check/cluster-healthy", checkClusterHealthy},
@@ -52,12 +55,142 @@ func TestE2EIPv6Only(t *testing.T) {
 		{"ipv6only/init-containers-keep-egress", initContainersKeepEgress},
 		{"ipv6only/ipv6-socket-lookup", ipv6SocketLookup},
 		{"ipv6only/one-family-missing-is-never-ready", oneFamilyMissing},
+		{"ipv6only/one-family-missing-at-the-init-container", oneFamilyMissingAtTheInitContainer},
 		{"inbound/probes-meet-the-app", inboundProbesMeetTheApp},
 		{"seed003/demo-container-mode", seed003Demo},
 		{"validator/in-the-proxys-start", validatorInTheProxysStart},
 		{"check/cluster-healthy", checkClusterHealthy},
 		{"seed000/repair-after-the-node-broke", seed000Repair},
 	})
+}
+
+// TestE2EIPv4ToDualStack changes a running IPv4-only cluster with detour installed into a
+// dual-stack one (framework.Env.AddIPv6): the meshed pod created before keeps its IPv4
+// address, its redirect and its proxy, untouched; the pods created after get both families'
+// rules, captured on each; a Service of both families works; `detour check --cluster` passes.
+func TestE2EIPv4ToDualStack(t *testing.T) {
+	e := framework.OwnEnv(t, framework.Options{Taints: []string{framework.StartupTaint + ":NoSchedule"}})
+	var before *corev1.Pod
+	runFamilyStories(t, e, []story{
+		{"ipv4-to-dual/pod-before", func(t *testing.T, ctx context.Context, e *framework.Env) {
+			before = podBeforeIPv6(t, ctx, e)
+		}},
+		{"ipv4-to-dual/add-ipv6", addIPv6},
+		{"ipv4-to-dual/pod-before-keeps-working", func(t *testing.T, ctx context.Context, e *framework.Env) {
+			podBeforeKeepsWorking(t, ctx, e, before)
+		}},
+		{"ipv4-to-dual/every-family-captured", everyFamilyCaptured},
+		{"ipv4-to-dual/service-of-every-family", serviceOfEveryFamily},
+		{"check/cluster-healthy", checkClusterHealthy},
+	})
+}
+
+// podBeforeIPv6 creates meshed pod "before" in namespace upgrade on the IPv4-only cluster and
+// returns it Ready, its connection to the test server captured.
+func podBeforeIPv6(t *testing.T, ctx context.Context, e *framework.Env) *corev1.Pod {
+	e.Namespace(t, ctx, "upgrade", true)
+	p := e.Pod("before", "upgrade")
+	p.Spec.Containers[0].Args = dialEach(e.Servers, []string{"-retry", "30s"}, "serve", "-listen", ":8080")
+	if _, err := e.Node.Client.CoreV1().Pods("upgrade").Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := e.WaitReady(t, ctx, "upgrade", "name=before", 1)[0]
+	podIPs(t, &pod, framework.IPv4Only)
+	waitProxyLog(t, ctx, e, &pod, func(log string) error {
+		if !e.Proxy.OutboundLogged(log, e.Server) {
+			return fmt.Errorf("no outbound connection to %s", e.Server)
+		}
+		return nil
+	})
+	return &pod
+}
+
+// addIPv6: the cluster becomes dual-stack while detour runs; the Node reports an address of
+// each family and detour's node agent stays Ready.
+func addIPv6(t *testing.T, ctx context.Context, e *framework.Env) {
+	start := time.Now()
+	if err := e.AddIPv6(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the cluster became dual-stack in %s (the API server, controller manager, kubelet and kube-proxy restarted)", time.Since(start).Round(time.Millisecond))
+	framework.WaitFor(t, ctx, "the Node to report its IPv6 address", time.Minute, func() (bool, error) {
+		node, err := e.Node.Client.CoreV1().Nodes().Get(ctx, e.Node.Name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		var addrs []string
+		for _, a := range node.Status.Addresses {
+			addrs = append(addrs, a.Address)
+			if a.Type == corev1.NodeInternalIP && a.Address == e.Node.IPs()[1].String() {
+				return true, nil
+			}
+		}
+		return false, framework.Seen("addresses %v", addrs)
+	})
+	framework.WaitFor(t, ctx, "detour's node agent to be Ready", time.Minute, func() (bool, error) {
+		p, err := e.AgentPod(ctx, e.Node.Name)
+		return err == nil && p != nil && framework.PodReady(p), framework.Seen("%s, %v", framework.AgentState(p), err)
+	})
+}
+
+// podBeforeKeepsWorking: the pod created before the cluster had IPv6 is the same pod, Ready,
+// no container restarted, with its IPv4 address alone; a connection to it still reaches its
+// app through its proxy, a meshed pod created since reaches it through both proxies, and
+// `detour check` finds its IPv4 rules exactly as detour-cni installs them.
+func podBeforeKeepsWorking(t *testing.T, ctx context.Context, e *framework.Env, before *corev1.Pod) {
+	if before == nil {
+		t.Fatal("no pod from before the change (ipv4-to-dual/pod-before failed)")
+	}
+	pod, err := e.Node.Client.CoreV1().Pods("upgrade").Get(ctx, "before", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.UID != before.UID || !framework.PodReady(pod) {
+		t.Fatalf("pod before is %s (uid %s, was %s), want the same pod Ready", framework.ContainerStates(pod), pod.UID, before.UID)
+	}
+	for _, s := range append(pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses...) {
+		if s.RestartCount != 0 {
+			t.Errorf("container %s of pod before restarted %d times across the change", s.Name, s.RestartCount)
+		}
+	}
+	ip := podIPs(t, pod, framework.IPv4Only)[0]
+	addr := netip.AddrPortFrom(ip, 8080)
+	if reply := greetApp(t, ctx, e, addr); !e.Proxy.Proxied(reply) || !strings.Contains(reply, "local=127.0.0.1:8080") {
+		t.Errorf("a connection to %s reached the app as %q, want it through the proxy, on 127.0.0.1", addr, reply)
+	}
+
+	client := e.Pod("after", "upgrade")
+	client.Spec.InitContainers = nil
+	client.Spec.Containers[0].Args = dialEach([]string{addr.String()}, []string{"-must", "-retry", "60s"}, "serve", "-listen", ":8080")
+	if _, err := e.Node.Client.CoreV1().Pods("upgrade").Create(ctx, client, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	after := e.WaitReady(t, ctx, "upgrade", "name=after", 1)[0]
+	afterIPs := podIPs(t, &after, framework.DualStack)
+	if app := e.Logs(ctx, "upgrade", "after", "app"); !strings.Contains(app, "dial "+addr.String()+" ok: before ") {
+		t.Errorf("the new pod's dial of %s did not reach the pod from before:\n%s", addr, app)
+	}
+	waitProxyLog(t, ctx, e, &after, func(log string) error {
+		if !e.Proxy.OutboundLogged(log, addr.String()) {
+			return fmt.Errorf("no outbound connection to %s", addr)
+		}
+		return nil
+	})
+	waitProxyLog(t, ctx, e, pod, func(log string) error {
+		if !strings.Contains(log, "proxy inbound "+hostPart(afterIPs[0])) {
+			return fmt.Errorf("no inbound connection from the new pod's %s", afterIPs[0])
+		}
+		return nil
+	})
+
+	out, err := e.CheckPodRules(ctx, pod, "")
+	if err != nil {
+		t.Fatalf("detour check on the pod from before: %v\n%s", err, out)
+	}
+	if !regexp.MustCompile(`the ipv4 rules in \S+ are exactly what detour-cni installs`).MatchString(out) {
+		t.Errorf("detour check does not find the pod from before's IPv4 rules exactly as detour-cni installs them:\n%s", out)
+	}
+	t.Logf("detour check on the pod from before:\n%s", out)
 }
 
 // initContainersKeepEgress: in container mode (the proxy a regular container, started after
@@ -201,13 +334,7 @@ func ipv6SocketLookup(t *testing.T, ctx context.Context, e *framework.Env) {
 // with every family's rules.
 func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 	e.Namespace(t, ctx, "onefamily", true)
-	var families []iptables.Family
-	if e.Node.Families().Has4() {
-		families = append(families, iptables.IPv4)
-	}
-	if e.Node.Families().Has6() {
-		families = append(families, iptables.IPv6)
-	}
+	families := familiesOf(e.Node.Families())
 	for _, f := range families {
 		t.Run(f.String(), func(t *testing.T) {
 			name := "lose-" + f.String()
@@ -232,62 +359,170 @@ func oneFamilyMissing(t *testing.T, ctx context.Context, e *framework.Env) {
 			// Every state of the pod from now on, so that none is missed before repair deletes
 			// it: the check fails at the proxy's restart, the proxy restarts and fails again,
 			// and the pod is not Ready before repair replaces it.
-			w, err := e.Node.Client.CoreV1().Pods("onefamily").Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + p.Name, ResourceVersion: p.ResourceVersion})
-			if err != nil {
-				t.Fatal(err)
-			}
+			w := watchPod(t, ctx, e, &p)
 			defer w.Stop()
 			if n, err := e.KillInPod(&p, "testproxy"); err != nil || n != 1 {
 				t.Fatalf("kill the proxy: %d killed, %v", n, err)
 			}
-			var msg string
-			var code int32
-			timeout := time.After(2 * time.Minute)
-			for !strings.Contains(msg, "no redirect") {
-				select {
-				case ev, ok := <-w.ResultChan():
-					q, isPod := ev.Object.(*corev1.Pod)
-					if !ok || !isPod {
-						t.Fatalf("the pod's watch ended (%v) before its check's failure was seen", ev.Type)
-					}
-					if framework.PodReady(q) && proxyRestarts(q) > 0 {
-						t.Fatalf("pod %s is Ready after its proxy restarted without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
-					}
-					code, msg = proxyTermination(q)
-				case <-timeout:
-					t.Fatalf("the check at the proxy's restart did not fail within 2 minutes (last termination: %d %q)", code, msg)
-				}
-			}
-			if code != validator.ExitNoRedirect {
-				t.Errorf("the check at the proxy's restart exited %d, want %d (no redirect)", code, validator.ExitNoRedirect)
-			}
+			msg := awaitCheckFailure(t, w, annotations.ProxyContainer, f, families, func(q *corev1.Pod) bool { return proxyRestarts(q) > 0 })
 			t.Logf("without its %s redirect, the check at the proxy's restart: %s", f, msg)
-			// The check names the family that lost its redirect, and only that one.
-			for _, g := range families {
-				if failed := strings.Contains(msg, "the "+g.String()+" connection to"); failed != (g == f) {
-					t.Errorf("the check's message names %s as failed: %v, want %v: %s", g, failed, g == f, msg)
-				}
+			awaitRepair(t, ctx, e, &p, name, f)
+		})
+	}
+}
+
+// oneFamilyMissingAtTheInitContainer: the check in the detour-validator init container
+// (validator mode init-container) fails a pod that lost one family's redirect between
+// detour-cni's ADD and the check, naming that family alone; the pod is never Ready and repair
+// replaces it. The check runs once, right after the ADD that installed both families, so the
+// pod loses one while the kubelet pulls the validator's image, which the cluster's registry
+// serves late: a copy of detour's image of the family's own, so that each pull is a whole one.
+func oneFamilyMissingAtTheInitContainer(t *testing.T, ctx context.Context, e *framework.Env) {
+	r := e.Registry
+	if r == nil {
+		var err error
+		if r, err = e.Node.StartRegistry(); err != nil {
+			t.Fatal(err)
+		}
+		defer r.Close()
+	}
+	e.Namespace(t, ctx, "initcheck", true)
+	// The chart's validator image again, however the story ends.
+	defer e.InstallDetour(t, ctx, "")
+	const repo = "detour-validator"
+	families := familiesOf(e.Node.Families())
+	for _, f := range families {
+		t.Run(f.String(), func(t *testing.T) {
+			ref := r.Host + "/" + repo + ":" + f.String()
+			if err := e.PushDetourCopy(ctx, r, ref, f.String()); err != nil {
+				t.Fatal(err)
 			}
-			if len(families) == 2 && !strings.Contains(msg, "one IP family only") {
-				t.Errorf("the check's message does not say one family's rules are missing: %s", msg)
+			r.Slow(repo, 40*time.Second)
+			defer r.Slow(repo, 0)
+			e.InstallDetour(t, ctx, fmt.Sprintf("webhook:\n  config:\n    validator:\n      image: %s\n      imagePullPolicy: IfNotPresent\n", ref))
+			name := "init-lose-" + f.String()
+			dep := e.Deployment(name, "initcheck", 1)
+			dep.Spec.Template.Annotations = map[string]string{annotations.ValidatorMode: string(annotations.ValidatorInitContainer)}
+			if _, err := e.Node.Client.AppsV1().Deployments("initcheck").Create(ctx, dep, metav1.CreateOptions{}); err != nil {
+				t.Fatal(err)
 			}
-			framework.WaitFor(t, ctx, "repair to replace the pod", 3*time.Minute, func() (bool, error) {
-				pods, err := e.Pods(ctx, "onefamily", "app="+name)
-				if err != nil {
+			// The kubelet reports nothing of the pod while it pulls the validator's image: the
+			// pod's sandbox is seen on the node, complete once detour check finds the rules of
+			// every family the pod has.
+			var p corev1.Pod
+			framework.WaitFor(t, ctx, "the pod's sandbox with detour-cni's rules, its validator's image still pulling", time.Minute, func() (bool, error) {
+				pods, err := e.Pods(ctx, "initcheck", "app="+name)
+				if err != nil || len(pods) != 1 {
 					return false, err
 				}
-				for _, q := range pods {
-					if q.Name == p.Name && framework.PodReady(&q) {
-						return false, fmt.Errorf("pod %s is Ready again without its %s redirect: %s", q.Name, f, framework.ContainerStates(&q))
-					}
+				p = pods[0]
+				if v := containerStatus(&p, annotations.ValidatorContainer); v != nil && v.State.Waiting == nil {
+					return false, fmt.Errorf("the validator of pod %s started before its redirect was broken: %s", p.Name, framework.ContainerStates(&p))
 				}
-				return len(pods) == 1 && pods[0].Name != p.Name && framework.PodReady(&pods[0]), framework.Seen("%d pods", len(pods))
+				out, err := e.CheckPodRules(ctx, &p, "")
+				return err == nil, framework.Seen("%v: %s", err, out)
 			})
-			replacement := e.WaitReady(t, ctx, "onefamily", "app="+name, 1)[0]
-			if out, err := e.CheckPodRules(ctx, &replacement, ""); err != nil {
-				t.Errorf("the replacement %s: %v\n%s", replacement.Name, err, out)
+			netns, err := e.PodNetns(&p)
+			if err != nil {
+				t.Fatal(err)
 			}
+			broken := time.Now()
+			dropFamilyRedirect(t, ctx, netns, f)
+			w := watchPod(t, ctx, e, &p)
+			defer w.Stop()
+			r.Slow(repo, 0)
+			msg := awaitCheckFailure(t, w, annotations.ValidatorContainer, f, families, func(*corev1.Pod) bool { return true })
+			if p, err := e.Node.Client.CoreV1().Pods("initcheck").Get(ctx, p.Name, metav1.GetOptions{}); err == nil {
+				// The check's start, to the second: after the rules were broken.
+				if first := firstStart(p, annotations.ValidatorContainer); first.Before(broken.Truncate(time.Second)) {
+					t.Errorf("the validator started at %s, before its %s redirect was broken at %s", first, f, broken)
+				}
+			}
+			t.Logf("without its %s redirect, the check in the detour-validator init container: %s", f, msg)
+			awaitRepair(t, ctx, e, &p, name, f)
 		})
+	}
+}
+
+// familiesOf are the families of the pods of a node with families, IPv4 first.
+func familiesOf(families framework.Families) []iptables.Family {
+	var out []iptables.Family
+	if families.Has4() {
+		out = append(out, iptables.IPv4)
+	}
+	if families.Has6() {
+		out = append(out, iptables.IPv6)
+	}
+	return out
+}
+
+// watchPod watches every state of p from its resource version on.
+func watchPod(t *testing.T, ctx context.Context, e *framework.Env, p *corev1.Pod) watch.Interface {
+	t.Helper()
+	w, err := e.Node.Client.CoreV1().Pods(p.Namespace).Watch(ctx, metav1.ListOptions{FieldSelector: "metadata.name=" + p.Name, ResourceVersion: p.ResourceVersion})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// awaitCheckFailure reads w until the check in container fails ("no redirect") and returns
+// its message, failing the test when the pod is Ready after checked(pod) says the check ran
+// again, when the check exits with another code than no redirect's, or when its message does
+// not name f, and f alone of families, as the family that lost its redirect.
+func awaitCheckFailure(t *testing.T, w watch.Interface, container string, f iptables.Family, families []iptables.Family, checked func(*corev1.Pod) bool) string {
+	t.Helper()
+	var msg string
+	var code int32
+	timeout := time.After(2 * time.Minute)
+	for !strings.Contains(msg, "no redirect") {
+		select {
+		case ev, ok := <-w.ResultChan():
+			q, isPod := ev.Object.(*corev1.Pod)
+			if !ok || !isPod {
+				t.Fatalf("the pod's watch ended (%v) before its check's failure was seen", ev.Type)
+			}
+			if framework.PodReady(q) && checked(q) {
+				t.Fatalf("pod %s is Ready after its check ran without the %s redirect: %s", q.Name, f, framework.ContainerStates(q))
+			}
+			code, msg = termination(q, container)
+		case <-timeout:
+			t.Fatalf("the check in %s did not fail within 2 minutes (last termination: %d %q)", container, code, msg)
+		}
+	}
+	if code != validator.ExitNoRedirect {
+		t.Errorf("the check in %s exited %d, want %d (no redirect)", container, code, validator.ExitNoRedirect)
+	}
+	for _, g := range families {
+		if failed := strings.Contains(msg, "the "+g.String()+" connection to"); failed != (g == f) {
+			t.Errorf("the check's message names %s as failed: %v, want %v: %s", g, failed, g == f, msg)
+		}
+	}
+	if len(families) == 2 && !strings.Contains(msg, "one IP family only") {
+		t.Errorf("the check's message does not say one family's rules are missing: %s", msg)
+	}
+	return msg
+}
+
+// awaitRepair waits until repair replaced p, never Ready again meanwhile, by a pod of
+// Deployment name that is Ready with its rules exactly as detour-cni installs them.
+func awaitRepair(t *testing.T, ctx context.Context, e *framework.Env, p *corev1.Pod, name string, f iptables.Family) {
+	t.Helper()
+	framework.WaitFor(t, ctx, "repair to replace the pod", 3*time.Minute, func() (bool, error) {
+		pods, err := e.Pods(ctx, p.Namespace, "app="+name)
+		if err != nil {
+			return false, err
+		}
+		for _, q := range pods {
+			if q.Name == p.Name && framework.PodReady(&q) {
+				return false, fmt.Errorf("pod %s is Ready again without its %s redirect: %s", q.Name, f, framework.ContainerStates(&q))
+			}
+		}
+		return len(pods) == 1 && pods[0].Name != p.Name && framework.PodReady(&pods[0]), framework.Seen("%d pods", len(pods))
+	})
+	replacement := e.WaitReady(t, ctx, p.Namespace, "app="+name, 1)[0]
+	if out, err := e.CheckPodRules(ctx, &replacement, ""); err != nil {
+		t.Errorf("the replacement %s: %v\n%s", replacement.Name, err, out)
 	}
 }
 
@@ -328,16 +563,40 @@ func dropFamilyRedirect(t *testing.T, ctx context.Context, netns string, f iptab
 	}
 }
 
-// proxyTermination is the exit code and message of the proxy container's last termination
-// (current or previous state).
-func proxyTermination(p *corev1.Pod) (int32, string) {
-	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
-		if s.Name != annotations.ProxyContainer {
-			continue
-		}
+// termination is the exit code and message of container's last termination (current or
+// previous state).
+func termination(p *corev1.Pod, container string) (int32, string) {
+	if s := containerStatus(p, container); s != nil {
 		if t := cmp.Or(s.State.Terminated, s.LastTerminationState.Terminated); t != nil {
 			return t.ExitCode, t.Message
 		}
 	}
 	return 0, ""
+}
+
+// firstStart is the earliest start of container of p that its status still shows: its
+// previous termination's, else its current state's.
+func firstStart(p *corev1.Pod, container string) time.Time {
+	s := containerStatus(p, container)
+	switch {
+	case s == nil:
+		return time.Time{}
+	case s.LastTerminationState.Terminated != nil:
+		return s.LastTerminationState.Terminated.StartedAt.Time
+	case s.State.Terminated != nil:
+		return s.State.Terminated.StartedAt.Time
+	case s.State.Running != nil:
+		return s.State.Running.StartedAt.Time
+	}
+	return time.Time{}
+}
+
+// containerStatus is the status of p's container (init or not) name, or nil.
+func containerStatus(p *corev1.Pod, name string) *corev1.ContainerStatus {
+	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		if s.Name == name {
+			return &s
+		}
+	}
+	return nil
 }

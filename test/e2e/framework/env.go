@@ -170,18 +170,36 @@ func newEnv(bin string, opts Options) (*Env, error) {
 	}
 	e.Server = e.Servers[0]
 	e.img = e.importedImages()
-	for i, addr := range e.Servers {
-		log := "test-server"
-		if i > 0 {
-			log += fmt.Sprint(i)
-		}
-		argv := []string{art.workloadBin, "serve", "-listen", addr}
-		if _, err := n.holder.start(argv, n.env(), n.logPath(log), ""); err != nil {
+	for i := range e.Servers {
+		if err := e.startServer(i); err != nil {
 			n.Stop()
-			return nil, fmt.Errorf("start the test server on %s: %w", addr, err)
+			return nil, err
 		}
 	}
 	return e, nil
+}
+
+// startServer starts the test server on e.Servers[i].
+func (e *Env) startServer(i int) error {
+	log := "test-server"
+	if i > 0 {
+		log += fmt.Sprint(i)
+	}
+	argv := []string{e.Artifacts.workloadBin, "serve", "-listen", e.Servers[i]}
+	if _, err := e.Node.holder.start(argv, e.Node.env(), e.Node.logPath(log), ""); err != nil {
+		return fmt.Errorf("start the test server on %s: %w", e.Servers[i], err)
+	}
+	return nil
+}
+
+// AddIPv6 makes e's running IPv4-only cluster dual-stack ([Node.AddIPv6]) and starts the test
+// server on the node's IPv6 address too (e.Servers' second).
+func (e *Env) AddIPv6(ctx context.Context) error {
+	if err := e.Node.AddIPv6(ctx); err != nil {
+		return err
+	}
+	e.Servers = append(e.Servers, netip.AddrPortFrom(e.Node.IPs()[1], ServerPort).String())
+	return e.startServer(len(e.Servers) - 1)
 }
 
 // moduleRoot is detour's module directory, as the go command finds it from here.

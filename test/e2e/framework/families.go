@@ -1,9 +1,15 @@
 package framework
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/detourmesh/detour/internal/nsutil"
 )
 
 // Families are the IP families of a cluster: of its node IPs, its pods and its Services
@@ -165,4 +171,55 @@ func (n *Node) netSpec() netSpec {
 		}
 	}
 	return spec
+}
+
+// AddIPv6 turns n's running IPv4-only cluster into a dual-stack one, IPv4 the primary, the
+// way Kubernetes' docs upgrade a cluster: the node gets its IPv6 address, the API server and
+// the controller manager a second Service range, kube-proxy a second cluster CIDR, the
+// primary's conflist an IPv6 range and the kubelet a second node IP, each restarted. The pods
+// that run keep their IPv4 address alone: nothing runs their CNI ADD again. Pods created after
+// get an address of each family. n is the control-plane node of a cluster of one node on the
+// bridge primary.
+func (n *Node) AddIPv6(ctx context.Context) error {
+	n.mu.Lock()
+	joined := len(n.joined)
+	n.mu.Unlock()
+	switch {
+	case n.cp != nil || joined > 0:
+		return fmt.Errorf("AddIPv6: %s is not the only node of its cluster", n.Name)
+	case n.Families() != IPv4Only:
+		return fmt.Errorf("AddIPv6: the cluster's families are %q already, not IPv4 only", n.Families())
+	case n.flannel() || n.cilium():
+		return errors.New("AddIPv6: a dual-stack cluster runs on the bridge primary only, not flannel or Cilium")
+	}
+	n.opts.Families = DualStack
+	n.fams = DualStack.nodeFamilies(0)
+	ip6 := n.fams[1].ip
+	err := nsutil.Do(n.holder.netns(), func() error {
+		l, err := netlink.LinkByName(n.netSpec().Link)
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(l, nodeAddr(ip6)); err != nil {
+			return fmt.Errorf("give %s the node IP %s: %w", l.Attrs().Name, ip6, err)
+		}
+		return routeServices(l, ip6)
+	})
+	if err != nil {
+		return err
+	}
+	for _, c := range []string{"kube-apiserver", "kube-controller-manager"} {
+		if err := n.RestartComponent(ctx, c); err != nil {
+			return fmt.Errorf("restart %s with both Service ranges: %w", c, err)
+		}
+	}
+	if err := n.WritePrimaryConfig(); err != nil {
+		return err
+	}
+	for _, c := range []string{"kubelet", "kube-proxy"} {
+		if err := n.RestartComponent(ctx, c); err != nil {
+			return fmt.Errorf("restart %s on both families: %w", c, err)
+		}
+	}
+	return nil
 }

@@ -38,16 +38,13 @@ func setUpNodeNetwork(n netSpec) error {
 	if err := netlink.LinkAdd(veth); err != nil {
 		return fmt.Errorf("add the node's veth %s: %w", n.Link, err)
 	}
-	addrs := []*netlink.Addr{{IPNet: &net.IPNet{IP: n.NodeIP.AsSlice(), Mask: net.CIDRMask(underlay.Bits(), n.NodeIP.BitLen())}}}
+	ips := []netip.Addr{n.NodeIP}
 	if n.NodeIP6.IsValid() {
-		// No duplicate address detection: the address is the namespace's own, and an address
-		// still tentative cannot be bound (the API server's, the test server's).
-		addrs = append(addrs, &netlink.Addr{IPNet: &net.IPNet{IP: n.NodeIP6.AsSlice(), Mask: net.CIDRMask(ipv6.underlay.Bits(), 128)},
-			Flags: unix.IFA_F_NODAD})
+		ips = append(ips, n.NodeIP6)
 	}
-	for _, addr := range addrs {
-		if err := netlink.AddrAdd(veth, addr); err != nil {
-			return fmt.Errorf("give %s the node IP %s: %w", n.Link, addr.IP, err)
+	for _, ip := range ips {
+		if err := netlink.AddrAdd(veth, nodeAddr(ip)); err != nil {
+			return fmt.Errorf("give %s the node IP %s: %w", n.Link, ip, err)
 		}
 	}
 	for _, name := range []string{n.Link, n.Link + "p"} {
@@ -59,30 +56,43 @@ func setUpNodeNetwork(n netSpec) error {
 			return fmt.Errorf("bring %s up: %w", name, err)
 		}
 	}
-	// A route to the Service range, as a node's default route gives it: without one, a
-	// host-network process's connect to a ClusterIP fails before kube-proxy's output hook can
-	// translate it ("network is unreachable").
 	l, err := netlink.LinkByName(n.Link)
 	if err != nil {
 		return err
 	}
-	type route struct {
-		src      netip.Addr
-		services netip.Prefix
-	}
-	routes := []route{{n.NodeIP, ipv4.serviceCIDR}}
-	if n.NodeIP6.IsValid() {
-		routes = append(routes, route{n.NodeIP6, ipv6.serviceCIDR})
-	}
-	for _, r := range routes {
-		src, services := r.src, r.services
-		dst := &net.IPNet{IP: services.Addr().AsSlice(), Mask: net.CIDRMask(services.Bits(), services.Addr().BitLen())}
-		route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: src.AsSlice(), Scope: netlink.SCOPE_LINK}
-		if err := netlink.RouteAdd(route); err != nil {
-			return fmt.Errorf("route the Service range %s over %s: %w", services, n.Link, err)
+	for _, ip := range ips {
+		if err := routeServices(l, ip); err != nil {
+			return err
 		}
 	}
 	return addPodBridge(podBridge)
+}
+
+// nodeAddr is the node IP ip as its link holds it: in the underlay's prefix of its family. An
+// IPv6 one skips duplicate address detection: the address is the namespace's own, and an
+// address still tentative cannot be bound (the API server's, the test server's).
+func nodeAddr(ip netip.Addr) *netlink.Addr {
+	if ip.Is4() {
+		return &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(underlay.Bits(), 32)}}
+	}
+	return &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(ipv6.underlay.Bits(), 128)},
+		Flags: unix.IFA_F_NODAD}
+}
+
+// routeServices routes the Service range of ip's family over l from ip, as a node's default
+// route does: without one, a host-network process's connect to a ClusterIP fails before
+// kube-proxy's output hook can translate it ("network is unreachable").
+func routeServices(l netlink.Link, ip netip.Addr) error {
+	services := ipv4.serviceCIDR
+	if ip.Is6() {
+		services = ipv6.serviceCIDR
+	}
+	dst := &net.IPNet{IP: services.Addr().AsSlice(), Mask: net.CIDRMask(services.Bits(), services.Addr().BitLen())}
+	route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: dst, Src: ip.AsSlice(), Scope: netlink.SCOPE_LINK}
+	if err := netlink.RouteAdd(route); err != nil {
+		return fmt.Errorf("route the Service range %s over %s: %w", services, l.Attrs().Name, err)
+	}
+	return nil
 }
 
 // podBridge is the primary CNI's bridge (its conflist's "bridge").

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -15,7 +16,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/detourmesh/detour/internal/nsutil"
 )
@@ -140,4 +143,28 @@ func (r *Registry) Push(ctx context.Context, ref string, img v1.Image) error {
 // makes a node pull from host over plain HTTP.
 func hostsTOML(host string) string {
 	return fmt.Sprintf("server = %q\n\n[host.%q]\n  capabilities = [\"pull\", \"resolve\"]\n", "http://"+host, "http://"+host)
+}
+
+// PushDetourCopy pushes detour's image to r as ref (under r.Host), its configuration labelled
+// dev.detour.e2e.copy=label: an image of its own, whose ID is neither the imported image's nor
+// another label's copy's, so that a node pulls every blob of it.
+func (e *Env) PushDetourCopy(ctx context.Context, r *Registry, ref, label string) error {
+	tag, err := name.NewTag(e.Artifacts.Repo + ":" + e.Artifacts.Tag)
+	if err != nil {
+		return err
+	}
+	img, err := tarball.ImageFromPath(filepath.Join(e.Artifacts.dir, "detour.tar"), &tag)
+	if err != nil {
+		return fmt.Errorf("read detour's image: %w", err)
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return err
+	}
+	cfg = cfg.DeepCopy()
+	cfg.Config.Labels = map[string]string{"dev.detour.e2e.copy": label}
+	if img, err = mutate.ConfigFile(img, cfg); err != nil {
+		return err
+	}
+	return r.Push(ctx, ref, img)
 }

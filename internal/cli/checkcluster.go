@@ -51,7 +51,7 @@ func (f *clusterFlags) run(cmd *cobra.Command) error {
 	if err != nil {
 		return fmt.Errorf("load the kubeconfig: %w (set --kubeconfig or $KUBECONFIG, and --context, as for kubectl)", err)
 	}
-	cfg.UserAgent = "detour-check"
+	cfg.UserAgent = userAgent("check")
 	// The admission probe's warnings are about a pod that is never stored.
 	cfg.WarningHandler = rest.NoWarnings{}
 	cfg.Timeout = 30 * time.Second

@@ -212,7 +212,7 @@ func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, fallbacks *nodeage
 // newAgent builds the node agent with its API client, which it returns too; only an agent
 // that keeps the node's configuration watches its own DaemonSet.
 func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, kubernetes.Interface, error) {
-	rc, err := restConfig(o.kubeconfig, "detour")
+	rc, err := restConfig(o.kubeconfig, "install-cni")
 	if err != nil {
 		return nil, nil, err
 	}

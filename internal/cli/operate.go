@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
+	"github.com/detourmesh/detour/internal/version"
 )
 
 // What the long-running commands (webhook, install-cni, repair) share: the logging flags and
@@ -56,22 +58,29 @@ func (l logFlags) setUp(w io.Writer) (*slog.Logger, error) {
 	return log, nil
 }
 
-// restConfig is a command's API client configuration: from --kubeconfig, else $KUBECONFIG
-// (or ~/.kube/config), else the pod's service account.
-func restConfig(kubeconfig, userAgent string) (*rest.Config, error) {
+// restConfig is command's API client configuration: from --kubeconfig, else $KUBECONFIG
+// (or ~/.kube/config), else the pod's service account; its user agent names command.
+func restConfig(kubeconfig, command string) (*rest.Config, error) {
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
 	if err != nil {
 		return nil, fmt.Errorf("configure the API client: %w (outside a pod, set --kubeconfig or $KUBECONFIG)", err)
 	}
-	rc.UserAgent = userAgent
+	rc.UserAgent = userAgent(command)
 	return rc, nil
 }
 
+// userAgent is the user agent of command's API requests, "detour-<command>/<version>": the API
+// server's audit log and metrics tell detour's parts apart by it (the node agent's install-cni
+// and repair containers share one service account).
+func userAgent(command string) string {
+	return "detour-" + command + "/" + version.Version
+}
+
 // kubeClient is a client-go clientset from [restConfig].
-func kubeClient(kubeconfig, userAgent string) (kubernetes.Interface, error) {
-	rc, err := restConfig(kubeconfig, userAgent)
+func kubeClient(kubeconfig, command string) (kubernetes.Interface, error) {
+	rc, err := restConfig(kubeconfig, command)
 	if err != nil {
 		return nil, err
 	}

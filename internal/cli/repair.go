@@ -48,7 +48,7 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 				return err
 			}
 			log = log.With("component", repair.Component, "node", cfg.NodeName)
-			client, err := kubeClient(kubeconfig, "detour")
+			client, err := kubeClient(kubeconfig, "repair")
 			if err != nil {
 				return err
 			}

@@ -45,7 +45,7 @@ names the field. See docs/webhook.md.`,
 			if err != nil {
 				return fmt.Errorf("%w; the webhook does not start with an invalid configuration", err)
 			}
-			rc, err := restConfig(kubeconfig, "detour-webhook")
+			rc, err := restConfig(kubeconfig, "webhook")
 			if err != nil {
 				return err
 			}

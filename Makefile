@@ -11,7 +11,7 @@ GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy e2e-dualstack soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
+.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy e2e-dualstack scale soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
 
 all: build
 
@@ -61,6 +61,16 @@ e2e-versions:
 # reboot), then the table of figures. `make e2e` runs its 2-minute short form; SOAK_SEED replays
 # a fault schedule.
 SOAK_DURATION ?= 10m
+# The scale harness (docs/scale.md; CI runs its 20-node smoke, TestIntegrationScaleSmoke): the
+# real API server, KWOK simulating 10, 100, 300 and 1,000 nodes, detour's node agent on each
+# (in this process), the API server's audit log read for each part's requests per node; the
+# table goes to bin/scale/report.md. SCALE_NODES and SCALE_STEADY change the sizes and the
+# steady state's length.
+SCALE_NODES ?= 10,100,300,1000
+SCALE_STEADY ?= 2m
+scale:
+	DETOUR_TEST_BIN=$$(bash hack/test-binaries.sh | tail -n 1) go run ./hack/scale --nodes=$(SCALE_NODES) --steady=$(SCALE_STEADY) --report=bin/scale/report.md
+
 soak:
 	SOAK_DURATION=$(SOAK_DURATION) GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-2h} bash hack/test.sh -run TestSoak ./test/e2e
 

@@ -2,7 +2,7 @@
 # Builds the binaries the integration tests, the real-node tests and the demo run — the
 # Kubernetes components (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 # kube-proxy, kubectl), etcd, containerd (with ctr and the runc shim), runc, the reference CNI
-# plugins, helm, CoreDNS, flannel (flanneld and its CNI plugin), and Prometheus' server and
+# plugins, helm, CoreDNS, KWOK (with its stages), flannel (flanneld and its CNI plugin), and Prometheus' server and
 # promtool (with the Prometheus Operator's CRDs) — each from its own Go module (pinned in hack/tools/*/go.mod) — and Kubernetes' own
 # network tests (e2e.test, ginkgo, agnhost, and a Debian userland for their images), and
 # caches them by version under $DETOUR_CACHE (default ~/.cache/detour). A cached binary is
@@ -40,6 +40,7 @@ coredns=$(module_version "$root/hack/tools/coredns/go.mod" github.com/coredns/co
 flannel=$(module_version "$root/hack/tools/flannel/go.mod" github.com/flannel-io/flannel)
 flannelcni=$(module_version "$root/hack/tools/flannel-cni/go.mod" github.com/containernetworking/plugins)
 cilium=$(module_version "$root/hack/tools/cilium/go.mod" github.com/cilium/cilium)
+kwok=$(module_version "$root/hack/tools/kwok/go.mod" sigs.k8s.io/kwok)
 for v in api kube etcd plugins helm containerd runc prometheus operator coredns; do
 	[ -n "${!v}" ] || { echo "test-binaries: cannot read the $v version from the go.mod files" >&2; exit 1; }
 done
@@ -275,6 +276,23 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 		build_cilium
 	fi
 	build_rootfs
+	# KWOK, the simulated nodes of the scale harness (test/scale, make scale), with the stages it
+	# plays (in the module's kustomize/stage, which kwokctl compiles in and kwok does not): a node
+	# made Ready and kept alive with its Lease, a pod made Running, completed and deleted.
+	build kwok "$kwok" kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$kwok"
+	stages="$bin/kwok-stages-$kwok"
+	if [ ! -d "$stages" ]; then
+		dir=$(cd "$root/hack/tools/kwok" && go mod download -json sigs.k8s.io/kwok | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		[ -n "$dir" ] || { echo "test-binaries: cannot download sigs.k8s.io/kwok $kwok" >&2; exit 1; }
+		mkdir -p "$stages.tmp"
+		cp "$dir"/kustomize/stage/node/fast/node-initialize.yaml \
+			"$dir"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+			"$dir"/kustomize/stage/pod/fast/pod-ready.yaml "$dir"/kustomize/stage/pod/fast/pod-complete.yaml \
+			"$dir"/kustomize/stage/pod/fast/pod-delete.yaml "$stages.tmp/"
+		chmod -R u+w "$stages.tmp"
+		mv "$stages.tmp" "$stages"
+	fi
+	ln -sfn "kwok-stages-$kwok" "$bin/kwok-stages"
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
 	crds="$bin/prometheus-operator-crds-$operator"
 	if [ ! -d "$crds" ]; then

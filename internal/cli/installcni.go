@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -125,12 +126,12 @@ func (o *installCNIOptions) run(cmd *cobra.Command, _ []string) error {
 	if cfg.NodeName == "" {
 		return errors.New("the node name is unknown: set --node-name or NODE_NAME (from the downward API, fieldRef spec.nodeName)")
 	}
-	log, err := o.logs.setUp(cmd.ErrOrStderr())
+	log, err := o.logs.setUp(cmd.Context(), cmd.ErrOrStderr())
 	if err != nil {
 		return err
 	}
 	log = log.With("component", "install-cni", "node", cfg.NodeName)
-	agent, client, err := o.newAgent(cfg, log)
+	agent, client, err := o.newAgent(cmd.Context(), cfg, log)
 	if err != nil {
 		return err
 	}
@@ -211,8 +212,8 @@ func (o *installCNIOptions) endpoints(agent *nodeagent.Agent, fallbacks *nodeage
 
 // newAgent builds the node agent with its API client, which it returns too; only an agent
 // that keeps the node's configuration watches its own DaemonSet.
-func (o *installCNIOptions) newAgent(cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, kubernetes.Interface, error) {
-	rc, err := restConfig(o.kubeconfig, "install-cni")
+func (o *installCNIOptions) newAgent(ctx context.Context, cfg nodeagent.Config, log *slog.Logger) (*nodeagent.Agent, kubernetes.Interface, error) {
+	rc, err := restConfig(ctx, o.kubeconfig, "install-cni")
 	if err != nil {
 		return nil, nil, err
 	}

@@ -36,8 +36,9 @@ func (l *logFlags) add(fl *pflag.FlagSet, format string) {
 }
 
 // setUp returns the command's structured logger on w, and makes it the logger of client-go
-// (klog) and controller-runtime too, so that every line the process writes has one format.
-func (l logFlags) setUp(w io.Writer) (*slog.Logger, error) {
+// (klog) and controller-runtime too, so that every line the process writes has one format —
+// unless the command runs embedded ([Embedded]): the process's loggers are its host's.
+func (l logFlags) setUp(ctx context.Context, w io.Writer) (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(l.level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: use debug, info, warn or error", l.level)
@@ -52,15 +53,23 @@ func (l logFlags) setUp(w io.Writer) (*slog.Logger, error) {
 	default:
 		return nil, fmt.Errorf("--log-format %q: use json or text", l.format)
 	}
-	bridge := logr.FromSlogHandler(log.Handler())
-	ctrllog.SetLogger(bridge)
-	klog.SetLogger(bridge)
+	if embeddedIn(ctx) == nil {
+		bridge := logr.FromSlogHandler(log.Handler())
+		ctrllog.SetLogger(bridge)
+		klog.SetLogger(bridge)
+	}
 	return log, nil
 }
 
-// restConfig is command's API client configuration: from --kubeconfig, else $KUBECONFIG
-// (or ~/.kube/config), else the pod's service account; its user agent names command.
-func restConfig(kubeconfig, command string) (*rest.Config, error) {
+// restConfig is command's API client configuration: the embedding program's ([Embedded]),
+// else from --kubeconfig, else $KUBECONFIG (or ~/.kube/config), else the pod's service
+// account; its user agent names command.
+func restConfig(ctx context.Context, kubeconfig, command string) (*rest.Config, error) {
+	if e := embeddedIn(ctx); e != nil {
+		rc := rest.CopyConfig(e.API)
+		rc.UserAgent = userAgent(command)
+		return rc, nil
+	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
 	rules.ExplicitPath = kubeconfig
 	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
@@ -71,6 +80,31 @@ func restConfig(kubeconfig, command string) (*rest.Config, error) {
 	return rc, nil
 }
 
+// Embedded is how a program that runs detour's commands in its own process, many at once
+// (the scale harness, test/scale: a node agent per simulated node), runs each: with its own API
+// client configuration instead of --kubeconfig's, and without taking over the process-wide
+// loggers. Pass it with [WithEmbedded] to the command's ExecuteContext.
+type Embedded struct {
+	// API is the command's API client configuration; the command copies it and sets its own
+	// user agent.
+	API *rest.Config
+}
+
+type embeddedKey struct{}
+
+// WithEmbedded returns ctx carrying e, for (*cobra.Command).ExecuteContext.
+func WithEmbedded(ctx context.Context, e Embedded) context.Context {
+	return context.WithValue(ctx, embeddedKey{}, &e)
+}
+
+func embeddedIn(ctx context.Context) *Embedded {
+	if ctx == nil {
+		return nil
+	}
+	e, _ := ctx.Value(embeddedKey{}).(*Embedded)
+	return e
+}
+
 // userAgent is the user agent of command's API requests, "detour-<command>/<version>": the API
 // server's audit log and metrics tell detour's parts apart by it (the node agent's install-cni
 // and repair containers share one service account).
@@ -79,8 +113,8 @@ func userAgent(command string) string {
 }
 
 // kubeClient is a client-go clientset from [restConfig].
-func kubeClient(kubeconfig, command string) (kubernetes.Interface, error) {
-	rc, err := restConfig(kubeconfig, command)
+func kubeClient(ctx context.Context, kubeconfig, command string) (kubernetes.Interface, error) {
+	rc, err := restConfig(ctx, kubeconfig, command)
 	if err != nil {
 		return nil, err
 	}

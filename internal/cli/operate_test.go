@@ -1,9 +1,12 @@
 package cli
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
+
+	"k8s.io/client-go/rest"
 
 	"github.com/detourmesh/detour/internal/version"
 )
@@ -28,12 +31,28 @@ current-context: x
 		"repair":      "detour-repair/" + version.Version,
 		"webhook":     "detour-webhook/" + version.Version,
 	} {
-		rc, err := restConfig(kubeconfig, command)
+		rc, err := restConfig(context.Background(), kubeconfig, command)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if rc.UserAgent != want {
 			t.Errorf("restConfig(%q).UserAgent = %q, want %q", command, rc.UserAgent, want)
 		}
+	}
+}
+
+// An embedded command takes its host's API configuration, as a copy with its own user agent.
+func TestRestConfigEmbedded(t *testing.T) {
+	host := &rest.Config{Host: "https://10.0.0.1:6443", BearerTokenFile: "/nodes/n1/token"}
+	ctx := WithEmbedded(context.Background(), Embedded{API: host})
+	rc, err := restConfig(ctx, "/ignored/kubeconfig", "repair")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc == host || rc.Host != host.Host || rc.BearerTokenFile != host.BearerTokenFile {
+		t.Errorf("restConfig embedded = %+v, want a copy of %+v", rc, host)
+	}
+	if want := "detour-repair/" + version.Version; rc.UserAgent != want || host.UserAgent != "" {
+		t.Errorf("user agents: the command's %q (want %q), the host's %q (want it untouched)", rc.UserAgent, want, host.UserAgent)
 	}
 }

@@ -43,12 +43,12 @@ and in Prometheus metrics on /metrics. See docs/node-agent.md.`,
 			if err != nil {
 				return err
 			}
-			log, err := logs.setUp(cmd.ErrOrStderr())
+			log, err := logs.setUp(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
 			log = log.With("component", repair.Component, "node", cfg.NodeName)
-			client, err := kubeClient(kubeconfig, "repair")
+			client, err := kubeClient(cmd.Context(), kubeconfig, "repair")
 			if err != nil {
 				return err
 			}

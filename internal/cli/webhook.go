@@ -37,7 +37,7 @@ names the field. See docs/webhook.md.`,
   detour webhook --kubeconfig ~/.kube/config --config webhook.yaml --cert-dir ./certs --log-level=debug`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			log, err := logs.setUp(cmd.ErrOrStderr())
+			log, err := logs.setUp(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -45,7 +45,7 @@ names the field. See docs/webhook.md.`,
 			if err != nil {
 				return fmt.Errorf("%w; the webhook does not start with an invalid configuration", err)
 			}
-			rc, err := restConfig(kubeconfig, "webhook")
+			rc, err := restConfig(cmd.Context(), kubeconfig, "webhook")
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,126 @@
+package scale
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/detourmesh/detour/test/testenv"
+)
+
+// TestIntegrationScaleSmoke is make scale's smoke (CI, make test): 20 simulated nodes with
+// detour's node agent, the cold-install herd, 5 pods per node created through the webhook's
+// two replicas, and a steady state, with the API server's audit log read for what each part
+// asks per node. It checks what holds at any size — every node ready, every pod injected, every
+// request of the node agent made with its node's bound token and scoped to its own node, nothing
+// throttled, at most one request per node per minute beyond watches — and logs the figures;
+// `make scale` measures them at the sizes of docs/scale.md.
+func TestIntegrationScaleSmoke(t *testing.T) {
+	for _, b := range []string{"kube-apiserver", "etcd", "kwok", "helm", "kubectl"} {
+		testenv.Binary(t, b)
+	}
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	const nodes = 20
+	dir, err := os.MkdirTemp("", "detour-scale-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Kept when the test fails: the audit log, KWOK's log, every node's files and logs.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the run's files are in %s", dir)
+			return
+		}
+		os.RemoveAll(dir)
+	})
+	detour, err := BuildDetour(ctx, strings.TrimSpace(string(root)), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(ctx, Options{
+		Nodes: nodes, PodsPerNode: 5, PodsPerSecond: 50, Steady: 45 * time.Second, Detour: detour,
+		Chart: ChartDir(strings.TrimSpace(string(root))), BinDir: testenv.BinDir(), Dir: dir, Log: testWriter{t},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Admission.Uninjected > 0 {
+		t.Errorf("%d of the %d pods of namespaces that opt in came back from the API server uninjected", res.Admission.Uninjected, res.Admission.Pods)
+	}
+	for _, err := range res.Errors {
+		t.Errorf("an agent's container failed: %v", err)
+	}
+	t.Logf("herd: %s; API p50 %s, p99 %s; %d throttled", res.Herd.Round(time.Millisecond), res.HerdP50, res.HerdP99, res.Throttled)
+	if res.Throttled > 0 {
+		t.Errorf("the API server answered %d requests 429 during the herd of %d nodes", res.Throttled, nodes)
+	}
+	t.Logf("rollout: %s; API p99 %s; %d throttled", res.Rollout.Round(time.Millisecond), res.RolloutP99, res.RolloutThrottled)
+	if res.RolloutThrottled > 0 {
+		t.Errorf("the API server answered %d requests 429 during the rollout of %d nodes' agents", res.RolloutThrottled, nodes)
+	}
+	t.Logf("workload: %d pods at %.0f/s through the webhook's two replicas, creation p50 %s, p99 %s",
+		res.Admission.Pods, res.Admission.Rate, res.Admission.P50, res.Admission.P99)
+	parts := []string{"install-cni", "repair"}
+	for _, r := range res.Requests {
+		if r.Part != "install-cni" && r.Part != "repair" {
+			continue
+		}
+		if r.Node == "" {
+			t.Errorf("%s %s %s?%s: no node in its credentials (a token bound to the agent's pod carries it)", r.Part, r.Verb, r.Resource, r.Query)
+			continue
+		}
+		if r.Code >= 500 || r.Code == 429 {
+			t.Errorf("%s on %s: %s %s answered %d", r.Part, r.Node, r.Verb, r.Resource, r.Code)
+		}
+		if (r.Verb == "list" || r.Verb == "watch") && (r.Resource == "pods" || r.Resource == "nodes") && !scopedTo(r, r.Node) {
+			t.Errorf("%s on %s: %s %s?%s is not scoped to its node", r.Part, r.Node, r.Verb, r.Resource, r.Query)
+		}
+	}
+	for _, part := range parts {
+		perNode := res.Steady.PerNodeMinute(part, nodes, false)
+		open := OpenWatches(res.Requests, part, res.WatchesAt)
+		t.Logf("%s: %.2f requests per node per minute beyond watches in the steady state (%s); watches open on %d nodes: %v",
+			part, perNode, res.Steady.To.Sub(res.Steady.From).Round(time.Second), len(open), open)
+		if perNode > 1 {
+			t.Errorf("%s makes %.2f requests per node per minute beyond its watches in the steady state, want at most 1: %+v", part, perNode, res.Steady.Counts(part))
+		}
+		if len(open) != nodes {
+			t.Errorf("%s has watches open on %d nodes, want every one of the %d", part, len(open), nodes)
+		}
+	}
+	t.Logf("detour check --cluster over %d pods: %s, peak RSS %d MiB", res.Admission.Pods, res.Check.Round(time.Millisecond), res.CheckMaxRSS>>20)
+	// It read every pod: the workload's are injected, and none of their validators failed.
+	for _, want := range []string{"every pod of an opted-in namespace is injected", fmt.Sprintf("(%d injected pods)", res.Admission.Pods)} {
+		if !strings.Contains(res.CheckOutput, want) {
+			t.Errorf("detour check --cluster does not say %q:\n%s", want, res.CheckOutput)
+		}
+	}
+	t.Logf("heap per node (both containers, in this process): %.0f KiB", res.HeapPerNode/1024)
+}
+
+// scopedTo reports whether a list or watch r selects node's objects only.
+func scopedTo(r Request, node string) bool {
+	q, err := url.ParseQuery(r.Query)
+	if err != nil {
+		return false
+	}
+	sel := q.Get("fieldSelector")
+	return sel == "spec.nodeName="+node || sel == "metadata.name="+node
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}

@@ -144,11 +144,11 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	res.Herd = time.Since(herd)
 	logf("herd: every node ready and untainted %s after its agent started", res.Herd.Round(time.Millisecond))
 	herdEnd := time.Now()
-	if res.Admission, err = c.CreateWorkload(ctx, opts.Nodes, opts.PodsPerNode, opts.PodsPerSecond); err != nil {
+	if res.Admission, err = c.CreateWorkload(ctx, wh, opts.Nodes, opts.PodsPerNode, opts.PodsPerSecond); err != nil {
 		return nil, err
 	}
-	logf("workload: %d pods created at %.0f/s through the webhook, p50 %s, p99 %s, %d uninjected", res.Admission.Pods,
-		res.Admission.Rate, res.Admission.P50, res.Admission.P99, res.Admission.Uninjected)
+	logf("workload: %d pods created at %.0f/s through the webhook, p50 %s, p99 %s (the webhook's own: p50 %s, p99 %s), %d uninjected", res.Admission.Pods,
+		res.Admission.Rate, res.Admission.P50, res.Admission.P99, res.Admission.WebhookP50, res.Admission.WebhookP99, res.Admission.Uninjected)
 	settled := time.Now()
 	if err := sleep(ctx, opts.Steady); err != nil {
 		return nil, err

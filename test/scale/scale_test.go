@@ -68,8 +68,11 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 	if res.RolloutThrottled > 0 {
 		t.Errorf("the API server answered %d requests 429 during the rollout of %d nodes' agents", res.RolloutThrottled, nodes)
 	}
-	t.Logf("workload: %d pods at %.0f/s through the webhook's two replicas, creation p50 %s, p99 %s",
-		res.Admission.Pods, res.Admission.Rate, res.Admission.P50, res.Admission.P99)
+	t.Logf("workload: %d pods at %.0f/s through the webhook's two replicas, creation p50 %s, p99 %s; the webhook's admission p50 %s, p99 %s",
+		res.Admission.Pods, res.Admission.Rate, res.Admission.P50, res.Admission.P99, res.Admission.WebhookP50, res.Admission.WebhookP99)
+	if res.Admission.WebhookP50 <= 0 {
+		t.Errorf("the webhook's admission histogram saw none of the %d pods", res.Admission.Pods)
+	}
 	parts := []string{"install-cni", "repair"}
 	for _, r := range res.Requests {
 		if r.Part != "install-cni" && r.Part != "repair" {

@@ -28,9 +28,11 @@ import (
 // service account, behind the address the API server calls, which spreads connections over
 // them as the Service would.
 type Webhook struct {
-	procs []*exec.Cmd
-	done  []chan error
-	lb    net.Listener
+	// metrics are the replicas' /metrics URLs.
+	metrics []string
+	procs   []*exec.Cmd
+	done    []chan error
+	lb      net.Listener
 }
 
 // StartWebhook starts replicas of the webhook and the balancer in front of them.
@@ -62,18 +64,19 @@ func (c *Cluster) StartWebhook(ctx context.Context, detour string, chart *Chart,
 	}()
 	var backends []string
 	for i := range replicas {
-		ports, err := freePorts(2)
+		ports, err := freePorts(3)
 		if err != nil {
 			return w, err
 		}
 		serve, health := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0])), net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))
+		metrics := net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[2]))
 		log, err := os.Create(filepath.Join(dir, fmt.Sprintf("webhook-%d.log", i)))
 		if err != nil {
 			return w, err
 		}
 		cmd := exec.Command(detour, "webhook", "--config", config, "--cert-dir", c.WebhookCertDir,
 			"--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]), "--kubeconfig", kubeconfig, "--namespace", Namespace,
-			"--metrics-bind-address", "0", "--health-probe-bind-address", health, "--shutdown-delay", "0")
+			"--metrics-bind-address", metrics, "--health-probe-bind-address", health, "--shutdown-delay", "0")
 		cmd.Stdout, cmd.Stderr = log, log
 		if err := cmd.Start(); err != nil {
 			log.Close()
@@ -100,6 +103,7 @@ func (c *Cluster) StartWebhook(ctx context.Context, detour string, chart *Chart,
 			return w, fmt.Errorf("webhook replica %d never ready (log: %s): %w", i, log.Name(), err)
 		}
 		backends = append(backends, serve)
+		w.metrics = append(w.metrics, "http://"+metrics+"/metrics")
 	}
 	if w.lb, err = net.Listen("tcp", c.WebhookAddr); err != nil {
 		return w, fmt.Errorf("listen where the API server calls the webhook: %w", err)

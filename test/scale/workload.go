@@ -23,6 +23,9 @@ type Admission struct {
 	P50, P99 time.Duration
 	// Rate is the pods created per second.
 	Rate float64
+	// WebhookP50 and WebhookP99 are the webhook's own time per admission (its
+	// detour_webhook_admission_duration_seconds over the workload, both replicas).
+	WebhookP50, WebhookP99 time.Duration
 	// Uninjected are the pods that came back without detour's proxy.
 	Uninjected int
 }
@@ -30,7 +33,11 @@ type Admission struct {
 // CreateWorkload creates perNode pods on every one of nodes nodes, at most perSecond per
 // second, in namespaces that opt in to injection (one per 10 nodes), each pod bound to its node
 // as the scheduler would bind it; KWOK runs them.
-func (c *Cluster) CreateWorkload(ctx context.Context, nodes, perNode int, perSecond float64) (*Admission, error) {
+func (c *Cluster) CreateWorkload(ctx context.Context, wh *Webhook, nodes, perNode int, perSecond float64) (*Admission, error) {
+	before, err := wh.admissions()
+	if err != nil {
+		return nil, err
+	}
 	namespaces := (nodes + 9) / 10
 	for i := range namespaces {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("workload-%d", i),
@@ -78,8 +85,20 @@ func (c *Cluster) CreateWorkload(ctx context.Context, nodes, perNode int, perSec
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	rate := float64(len(latencies)) / time.Since(start).Seconds()
+	after, err := wh.admissions()
+	if err != nil {
+		return nil, err
+	}
 	slices.Sort(latencies)
 	n := len(latencies)
-	return &Admission{Pods: n, P50: latencies[n/2], P99: latencies[min(n-1, n*99/100)],
-		Rate: float64(n) / time.Since(start).Seconds(), Uninjected: uninjected}, nil
+	a := &Admission{Pods: n, P50: latencies[n/2], P99: latencies[min(n-1, n*99/100)], Rate: rate, Uninjected: uninjected}
+	h := after.since(before)
+	if a.WebhookP50, err = h.quantile(0.5); err != nil {
+		return nil, err
+	}
+	if a.WebhookP99, err = h.quantile(0.99); err != nil {
+		return nil, err
+	}
+	return a, nil
 }

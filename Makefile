@@ -91,11 +91,12 @@ e2e-haproxy:
 conformance-haproxy:
 	DETOUR_E2E_PROXY=haproxy GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-4h} bash hack/test.sh -tags conformance -run TestConformance ./test/e2e
 
-# The stories of issue 44 on a node of their own whose pods and Services are IPv6 only, then
-# on one with IPv4 and IPv6 (dual stack; test/e2e/dualstack*_test.go): every family captured
-# both ways, a Service of every family, the socket lookup over IPv6, a pod that lost one
-# family's redirect never Ready and repaired, and core stories of TestE2E. `make test` (CI)
-# runs the dual-stack capture smoke.
+# The stories of issue 44 on a node of their own whose pods and Services are IPv6 only, on an
+# IPv4-only one turned dual-stack while it runs, then on one with IPv4 and IPv6 (dual stack;
+# test/e2e/dualstack*_test.go): every family captured both ways, a Service of every family,
+# the socket lookup over IPv6, a pod that lost one family's redirect never Ready (at the
+# proxy's start and in the init container) and repaired, and core stories of TestE2E.
+# `make test` (CI) runs the dual-stack capture smoke.
 e2e-dualstack:
 	GO_TEST_TIMEOUT=$${GO_TEST_TIMEOUT:-60m} bash hack/test.sh -tags dualstack -run 'TestE2EDualStack|TestE2EIPv6Only|TestE2EIPv4ToDualStack' ./test/e2e
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -55,7 +56,12 @@ func (f *clusterFlags) run(cmd *cobra.Command) error {
 	// The admission probe's warnings are about a pod that is never stored.
 	cfg.WarningHandler = rest.NoWarnings{}
 	cfg.Timeout = 30 * time.Second
-	client, err := kubernetes.NewForConfig(cfg)
+	// The clientset speaks protobuf, which every type the check reads has: on a cluster of tens
+	// of thousands of pods it decodes them with a fraction of JSON's work and garbage.
+	pb := rest.CopyConfig(cfg)
+	pb.ContentType = runtime.ContentTypeProtobuf
+	pb.AcceptContentTypes = runtime.ContentTypeProtobuf + "," + runtime.ContentTypeJSON
+	client, err := kubernetes.NewForConfig(pb)
 	if err != nil {
 		return fmt.Errorf("client for %s: %w", cfg.Host, err)
 	}

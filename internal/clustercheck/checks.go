@@ -27,7 +27,11 @@ type state struct {
 	// webhookCM is the webhook's configuration (ConfigMap WebhookConfigMap).
 	webhookCM    *corev1.ConfigMap
 	webhookCMErr error
-	injected     []corev1.Pod // every injected pod of the cluster
+	// injected counts the injected pods of the cluster; failing holds those whose validator
+	// failed, the only ones a check reads further (a cluster's every pod is not kept: tens of
+	// thousands of them would take gigabytes).
+	injected int
+	failing  []corev1.Pod
 	// uninjected are the pods of opted-in namespaces that are not injected although
 	// nothing exempts them (see [uninjectedCandidate]).
 	uninjected []corev1.Pod
@@ -88,8 +92,13 @@ func (c *Checker) load(ctx context.Context) *state {
 		for _, p := range pods.Items {
 			switch {
 			case annotations.IsInjected(p.Annotations):
-				s.injected = append(s.injected, p)
+				s.injected++
+				if _, bad := validatorExit(&p); bad {
+					p.ManagedFields = nil
+					s.failing = append(s.failing, p)
+				}
 			case optedIn[p.Namespace] && uninjectedCandidate(&p):
+				p.ManagedFields = nil
 				s.uninjected = append(s.uninjected, p)
 			}
 		}

@@ -844,7 +844,7 @@ func TestValidatorsPortInUseFix(t *testing.T) {
 			[]string{"other codes: kubectl -n NS logs POD -c detour-validator"}, []string{"at the proxy's start"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			res := (&Checker{}).checkValidators(&state{injected: tc.pods})
+			res := (&Checker{}).checkValidators(&state{injected: len(tc.pods), failing: tc.pods})
 			if res.Status != Error || !strings.Contains(res.Message, tc.message) {
 				t.Errorf("%s %q, want an error naming %q", res.Status, res.Message, tc.message)
 			}

@@ -24,9 +24,9 @@ func (c *Checker) checkNamespaces(s *state) Result {
 	in := s.optedIn
 	pods := "injected pods not counted: " + fmt.Sprint(s.podsErr)
 	if s.podsErr == nil {
-		pods = plural(len(s.injected), "injected pod")
+		pods = plural(s.injected, "injected pod")
 	}
-	if len(in) == 0 && len(s.injected) == 0 {
+	if len(in) == 0 && s.injected == 0 {
 		return Result{Name: name, Status: Warning, Message: fmt.Sprintf("no namespace opted in (annotation %s=enabled) and %s", annotations.Inject, pods),
 			Fix: fmt.Sprintf("kubectl annotate namespace NAME %s=enabled, then restart its workloads (kubectl -n NAME rollout restart deployment)", annotations.Inject)}
 	}
@@ -124,12 +124,9 @@ func (c *Checker) checkValidators(s *state) Result {
 	// checkPort are the pods whose check at the proxy's start found its port taken (exit 43);
 	// said are their checks' own messages, which name the socket and its owner.
 	var checkPort, said []string
-	for i := range s.injected {
-		p := &s.injected[i]
-		code, bad := validatorExit(p)
-		if !bad {
-			continue
-		}
+	for i := range s.failing {
+		p := &s.failing[i]
+		code, _ := validatorExit(p)
 		meaning := exitMeaning(p, code)
 		where := ""
 		if p.Spec.NodeName != "" {
@@ -150,7 +147,7 @@ func (c *Checker) checkValidators(s *state) Result {
 		}
 	}
 	if len(failed) == 0 {
-		return Result{Name: name, Status: OK, Message: fmt.Sprintf("no injected pod's validator is failing (%s)", plural(len(s.injected), "injected pod"))}
+		return Result{Name: name, Status: OK, Message: fmt.Sprintf("no injected pod's validator is failing (%s)", plural(s.injected, "injected pod"))}
 	}
 	var fix []string
 	if noRedirect > 0 {

@@ -75,7 +75,7 @@ func (c *Cluster) StartAgent(ctx context.Context, ds *appsv1.DaemonSet, node str
 		return nil, err
 	}
 	a.Health = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
-	stub := filepath.Join(c.Dir, "detour-cni-stub")
+	stub := c.pluginStub()
 	for _, ctr := range ds.Spec.Template.Spec.Containers {
 		args, err := a.args(ctr, stub, c.Config.Host)
 		if err != nil {
@@ -199,9 +199,6 @@ func (a *Agent) args(ctr corev1.Container, stub, apiServer string) ([]string, er
 	}
 	switch ctr.Name {
 	case "install-cni":
-		if err := os.WriteFile(stub, []byte("detour-cni stands in here: no CNI ADD runs on a simulated node\n"), 0o755); err != nil {
-			return nil, err
-		}
 		out = append(out, "--node-name="+a.Node, "--pod-name="+a.Pod.Name, "--pod-namespace="+a.Pod.Namespace,
 			"--plugin-source="+stub, "--plugin-stats-file="+filepath.Join(a.Dir, "run/detour-cni/detour-cni-stats"),
 			"--service-account-dir="+filepath.Join(a.Dir, "sa"), "--api-server="+apiServer)
@@ -212,6 +209,10 @@ func (a *Agent) args(ctr corev1.Container, stub, apiServer string) ([]string, er
 	}
 	return out, nil
 }
+
+// pluginStub is the file every agent installs as detour-cni: no CNI ADD runs on a simulated
+// node, and the agent only copies and hashes the binary.
+func (c *Cluster) pluginStub() string { return filepath.Join(c.Dir, "detour-cni-stub") }
 
 // primaryConflist stands in for the primary CNI's configuration on a simulated node.
 const primaryConflist = `{"cniVersion": "1.0.0", "name": "kwok", "plugins": [{"type": "bridge"}]}

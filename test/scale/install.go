@@ -89,7 +89,8 @@ func Render(ctx context.Context, binDir, dir, chart, values string) (*Chart, err
 	return c, nil
 }
 
-// Install applies chart's objects and returns its DaemonSet as the API server holds it.
+// Install applies chart's objects, writes the plugin stub the agents install, and returns the
+// chart's DaemonSet as the API server holds it.
 func (c *Cluster) Install(ctx context.Context, chart *Chart) (*appsv1.DaemonSet, error) {
 	manifest := filepath.Join(c.Dir, "detour.yaml")
 	if err := os.WriteFile(manifest, []byte(strings.Join(chart.Apply, "\n---\n")), 0o644); err != nil {
@@ -99,6 +100,9 @@ func (c *Cluster) Install(ctx context.Context, chart *Chart) (*appsv1.DaemonSet,
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig, "HOME="+c.Dir)
 	if _, err := cmd.Output(); err != nil {
 		return nil, fmt.Errorf("kubectl apply %s: %w%s", manifest, err, stderrOf(err))
+	}
+	if err := os.WriteFile(c.pluginStub(), []byte("detour-cni stands in here: no CNI ADD runs on a simulated node\n"), 0o755); err != nil {
+		return nil, err
 	}
 	ds := chart.DaemonSet
 	return c.Client.AppsV1().DaemonSets(ds.Namespace).Get(ctx, ds.Name, metav1.GetOptions{})

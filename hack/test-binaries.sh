@@ -75,6 +75,29 @@ build() {
 	ln -sfn "$name-$version" "$bin/$name"
 }
 
+# module_files NAME VERSION TOOLDIR MODULE FILE... copies FILEs (paths, or globs in quotes,
+# inside MODULE's source as the tools module in TOOLDIR pins it) into $bin/NAME-VERSION unless it
+# is there already, then links $bin/NAME to it.
+module_files() {
+	local name=$1 version=$2 dir=$3 module=$4
+	shift 4
+	local out="$bin/$name-$version"
+	if [ ! -d "$out" ]; then
+		local src
+		src=$(cd "$root/hack/tools/$dir" && go mod download -json "$module" | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
+		[ -n "$src" ] || { echo "test-binaries: cannot download $module $version" >&2; exit 1; }
+		rm -rf "$out.tmp"
+		mkdir -p "$out.tmp"
+		local f
+		for f in "$@"; do
+			cp $src/$f "$out.tmp/"
+		done
+		chmod -R u+w "$out.tmp"
+		mv "$out.tmp" "$out"
+	fi
+	ln -sfn "$name-$version" "$bin/$name"
+}
+
 # build_kubernetes NAME... builds the Kubernetes commands NAME of version $kube that are not
 # cached yet in one go build: they share most of their packages, and go links one while it
 # compiles another's.
@@ -280,30 +303,12 @@ if [ "${DETOUR_BINARIES:-all}" != control-plane ]; then
 	# plays (in the module's kustomize/stage, which kwokctl compiles in and kwok does not): a node
 	# made Ready and kept alive with its Lease, a pod made Running, completed and deleted.
 	build kwok "$kwok" kwok sigs.k8s.io/kwok/cmd/kwok "-X sigs.k8s.io/kwok/pkg/consts.Version=$kwok"
-	stages="$bin/kwok-stages-$kwok"
-	if [ ! -d "$stages" ]; then
-		dir=$(cd "$root/hack/tools/kwok" && go mod download -json sigs.k8s.io/kwok | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-		[ -n "$dir" ] || { echo "test-binaries: cannot download sigs.k8s.io/kwok $kwok" >&2; exit 1; }
-		mkdir -p "$stages.tmp"
-		cp "$dir"/kustomize/stage/node/fast/node-initialize.yaml \
-			"$dir"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
-			"$dir"/kustomize/stage/pod/fast/pod-ready.yaml "$dir"/kustomize/stage/pod/fast/pod-complete.yaml \
-			"$dir"/kustomize/stage/pod/fast/pod-delete.yaml "$stages.tmp/"
-		chmod -R u+w "$stages.tmp"
-		mv "$stages.tmp" "$stages"
-	fi
-	ln -sfn "kwok-stages-$kwok" "$bin/kwok-stages"
+	module_files kwok-stages "$kwok" kwok sigs.k8s.io/kwok \
+		kustomize/stage/node/fast/node-initialize.yaml kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+		kustomize/stage/pod/fast/pod-ready.yaml kustomize/stage/pod/fast/pod-complete.yaml kustomize/stage/pod/fast/pod-delete.yaml
 	# The Prometheus Operator's CRDs, which the chart tests validate the chart's monitors against.
-	crds="$bin/prometheus-operator-crds-$operator"
-	if [ ! -d "$crds" ]; then
-		dir=$(cd "$root/hack/tools/prometheus-operator" && go mod download -json github.com/prometheus-operator/prometheus-operator | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-		[ -n "$dir" ] || { echo "test-binaries: cannot download github.com/prometheus-operator/prometheus-operator $operator" >&2; exit 1; }
-		mkdir -p "$crds.tmp"
-		cp "$dir"/example/prometheus-operator-crd/*.yaml "$crds.tmp/"
-		chmod -R u+w "$crds.tmp"
-		mv "$crds.tmp" "$crds"
-	fi
-	ln -sfn "prometheus-operator-crds-$operator" "$bin/prometheus-operator-crds"
+	module_files prometheus-operator-crds "$operator" prometheus-operator github.com/prometheus-operator/prometheus-operator \
+		'example/prometheus-operator-crd/*.yaml'
 fi
 wait "$lane" || { echo "test-binaries: building Kubernetes failed" >&2; exit 1; }
 if [ $((SECONDS - start)) -gt 5 ]; then

@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -35,11 +34,10 @@ func main() {
 func run(sizes string, steady time.Duration, report, dir string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	root, err := scale.ModuleRoot()
 	if err != nil {
-		return fmt.Errorf("find the module's root: %w", err)
+		return err
 	}
-	root := strings.TrimSpace(string(out))
 	bin, err := os.MkdirTemp("", "detour-scale-bin-")
 	if err != nil {
 		return err

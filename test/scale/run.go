@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
 // Options shape one run of the harness at one size.
@@ -150,7 +151,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	logf("workload: %d pods created at %.0f/s through the webhook, p50 %s, p99 %s (the webhook's own: p50 %s, p99 %s), %d uninjected", res.Admission.Pods,
 		res.Admission.Rate, res.Admission.P50, res.Admission.P99, res.Admission.WebhookP50, res.Admission.WebhookP99, res.Admission.Uninjected)
 	settled := time.Now()
-	if err := sleep(ctx, opts.Steady); err != nil {
+	if err := ctxtime.Sleep(ctx, opts.Steady); err != nil {
 		return nil, err
 	}
 	res.WatchesAt = time.Now()
@@ -306,15 +307,6 @@ func heapObjects() float64 {
 	return float64(s[0].Value.Uint64())
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-time.After(d):
-		return nil
-	}
-}
-
 // inotifyHeadroom makes room for an inotify instance per node agent (each watches its CNI
 // directories): the per-user limit, fs.inotify.max_user_instances, is 128 on many machines.
 // It raises it when it must, which takes root, and returns what puts it back.
@@ -328,7 +320,8 @@ func inotifyHeadroom(nodes int) (restore func(), err error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %q: %w", path, data, err)
 	}
-	// The instances in use already are the machine's (other users' count against their own).
+	// One per agent, and room for what else runs as the same user (a machine's services hold
+	// a few dozen): with a limit of 128, more than 32 nodes take root.
 	want := nodes + 96
 	if limit >= want {
 		return func() {}, nil
@@ -338,6 +331,16 @@ func inotifyHeadroom(nodes int) (restore func(), err error) {
 			nodes, want, path, limit, want, err)
 	}
 	return func() { os.WriteFile(path, data, 0o644) }, nil
+}
+
+// ModuleRoot is detour's module directory, as the go command finds it from the working
+// directory.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("find the module's root: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
 
 // ChartDir is detour's chart in the module at root.

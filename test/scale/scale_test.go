@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -24,7 +23,7 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 	for _, b := range []string{"kube-apiserver", "etcd", "kwok", "helm", "kubectl"} {
 		testenv.Binary(t, b)
 	}
-	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	root, err := ModuleRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,13 +42,13 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 		}
 		os.RemoveAll(dir)
 	})
-	detour, err := BuildDetour(ctx, strings.TrimSpace(string(root)), dir)
+	detour, err := BuildDetour(ctx, root, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	res, err := Run(ctx, Options{
 		Nodes: nodes, PodsPerNode: 5, PodsPerSecond: 50, Steady: 45 * time.Second, Detour: detour,
-		Chart: ChartDir(strings.TrimSpace(string(root))), BinDir: testenv.BinDir(), Dir: dir, Log: testWriter{t},
+		Chart: ChartDir(root), BinDir: testenv.BinDir(), Dir: dir, Log: testWriter{t},
 	})
 	if err != nil {
 		t.Fatal(err)

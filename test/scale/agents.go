@@ -9,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 
@@ -38,9 +37,10 @@ type Agent struct {
 	wg     sync.WaitGroup
 }
 
-// StartAgent creates the agent pod of node from ds's template and starts its containers.
-func (c *Cluster) StartAgent(ctx context.Context, ds *appsv1.DaemonSet, node string) (*Agent, error) {
-	a := &Agent{Node: node, Dir: filepath.Join(c.Dir, "nodes", node)}
+// StartAgent creates the agent pod of node i from ds's template and starts its containers.
+func (c *Cluster) StartAgent(ctx context.Context, ds *appsv1.DaemonSet, i int) (*Agent, error) {
+	node := NodeName(i)
+	a := &Agent{Node: node, Dir: filepath.Join(c.Dir, "nodes", node), Health: healthAddr(i)}
 	for _, d := range []string{"etc/cni/net.d", "opt/cni/bin", "run/detour-cni", "sa"} {
 		if err := os.MkdirAll(filepath.Join(a.Dir, d), 0o755); err != nil {
 			return nil, err
@@ -69,12 +69,6 @@ func (c *Cluster) StartAgent(ctx context.Context, ds *appsv1.DaemonSet, node str
 	}
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
-	ports, err := freePorts(1)
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	a.Health = net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	stub := c.pluginStub()
 	for _, ctr := range ds.Spec.Template.Spec.Containers {
 		args, err := a.args(ctr, stub, c.Config.Host)
@@ -115,6 +109,15 @@ func (a *Agent) Ready(ctx context.Context) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// healthAddr is where node i's install-cni serves its probes: a loopback address of the node's
+// own (all of 127.0.0.0/8 is the loopback's on Linux) and a fixed port. A port picked free on
+// 127.0.0.1 and handed over could be taken meanwhile as the local port of one of the thousands
+// of API connections the harness's agents open; the agent then failed to listen, never became
+// ready, and the herd waited for it.
+func healthAddr(i int) string {
+	return net.JoinHostPort(fmt.Sprintf("127.%d.%d.%d", 100+i>>16, i>>8&0xff, i&0xff), "9641")
 }
 
 // agentFailed records the error an agent's container returned before it was stopped.

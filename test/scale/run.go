@@ -1,7 +1,9 @@
 package scale
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -11,7 +13,7 @@ import (
 	"runtime/metrics"
 	"strconv"
 	"strings"
-	"syscall"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -124,7 +126,7 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	g.SetLimit(32)
 	for i := range agents {
 		g.Go(func() error {
-			a, err := c.StartAgent(gctx, ds, NodeName(i))
+			a, err := c.StartAgent(gctx, ds, i)
 			agents[i] = a
 			return err
 		})
@@ -189,17 +191,58 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 // that dial them fail; what counts is that it read every pod and node.
 func (c *Cluster) checkCluster(ctx context.Context, detour string, res *Result) error {
 	cmd := exec.CommandContext(ctx, detour, "check", "--cluster", "--kubeconfig", c.Kubeconfig, "--namespace", Namespace)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
 	start := time.Now()
-	out, err := cmd.CombinedOutput()
-	res.Check = time.Since(start)
-	if cmd.ProcessState == nil {
+	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("detour check --cluster: %w", err)
 	}
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		res.CheckMaxRSS = ru.Maxrss << 10 // KiB on Linux
-	}
-	res.CheckOutput = string(out)
+	peak := sampleHWM(cmd.Process.Pid)
+	cmd.Wait() // its verdict is not the harness's
+	res.Check = time.Since(start)
+	res.CheckMaxRSS = peak()
+	res.CheckOutput = out.String()
 	return nil
+}
+
+// sampleHWM samples the high-water mark of pid's resident set (VmHWM in /proc/pid/status)
+// every 10 ms until the process is gone, and returns what gives the last value read, in bytes.
+// The child's rusage cannot say it: Go starts a command with vfork, and Linux hands the child
+// the parent's peak at exec, so a child of this harness (hundreds of MiB of agents) "peaked" at
+// the harness's size whatever it did. A high-water mark misses only the last 10 ms's growth.
+func sampleHWM(pid int) (peak func() int64) {
+	var last atomic.Int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			hwm, err := vmHWM(pid)
+			if err != nil {
+				return // exited: its status has no memory any more
+			}
+			last.Store(hwm)
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+	return func() int64 {
+		<-done
+		return last.Load()
+	}
+}
+
+// vmHWM reads pid's VmHWM, in bytes.
+func vmHWM(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kib, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kib << 10, err
+		}
+	}
+	return 0, errors.New("no VmHWM: the process has exited")
 }
 
 // rollOut restarts every agent at once, as a rollout of the DaemonSet with maxUnavailable 100%
@@ -219,9 +262,9 @@ func (c *Cluster) rollOut(ctx context.Context, ds *appsv1.DaemonSet, agents []*A
 	}
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(32)
-	for i, old := range agents {
+	for i := range agents {
 		g.Go(func() error {
-			a, err := c.StartAgent(gctx, ds, old.Node)
+			a, err := c.StartAgent(gctx, ds, i)
 			if err == nil {
 				agents[i] = a
 			}
@@ -232,6 +275,9 @@ func (c *Cluster) rollOut(ctx context.Context, ds *appsv1.DaemonSet, agents []*A
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		if errs := c.AgentErrors(); len(errs) > 0 {
+			return false, fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
+		}
 		for _, a := range agents {
 			if !a.Ready(ctx) {
 				return false, nil
@@ -256,6 +302,9 @@ func (c *Cluster) waitNodes(ctx context.Context, what string, ok func(*corev1.No
 	err := wait.PollUntilContextTimeout(ctx, time.Second, timeout, true, func(ctx context.Context) (bool, error) {
 		if err := c.KWOKExited(); err != nil {
 			return false, err
+		}
+		if errs := c.AgentErrors(); len(errs) > 0 {
+			return false, fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
 		}
 		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "type=kwok"})
 		if err != nil {

@@ -213,3 +213,32 @@ func (w Window) Latencies(q ...float64) (quantiles []time.Duration, throttled in
 	}
 	return quantiles, throttled
 }
+
+// AgentReady is how long each agent took to declare its node ready in w: from its install-cni's
+// first request to its first patch of the node (the ready label, the startup taint's removal),
+// over the nodes whose agent did both in w; p50, p99 and the longest.
+func (w Window) AgentReady() [3]time.Duration {
+	first, ready := map[string]time.Time{}, map[string]time.Time{}
+	for _, r := range w.Requests {
+		if r.Part != "install-cni" || r.Node == "" {
+			continue
+		}
+		if t, ok := first[r.Node]; !ok || r.Received.Before(t) {
+			first[r.Node] = r.Received
+		}
+		if r.Verb == "patch" && r.Resource == "nodes" && r.Code < 300 && !r.Done.IsZero() {
+			if t, ok := ready[r.Node]; !ok || r.Done.Before(t) {
+				ready[r.Node] = r.Done
+			}
+		}
+	}
+	var d []time.Duration
+	for node, t := range ready {
+		d = append(d, t.Sub(first[node]))
+	}
+	if len(d) == 0 {
+		return [3]time.Duration{}
+	}
+	slices.Sort(d)
+	return [3]time.Duration{d[len(d)/2], d[min(len(d)-1, len(d)*99/100)], d[len(d)-1]}
+}

@@ -53,3 +53,29 @@ func TestParseAuditRefusesGarbage(t *testing.T) {
 		t.Errorf("parseAudit of a broken line: %v, want an error naming line 2", err)
 	}
 }
+
+func TestAgentReady(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	req := func(node, part, verb, resource string, received, done float64, code int) Request {
+		return Request{Node: node, Part: part, Verb: verb, Resource: resource, Received: at(received), Done: at(done), Code: code}
+	}
+	w := In([]Request{
+		req("a", "install-cni", "get", "nodes", 1, 1.1, 200),
+		req("a", "install-cni", "patch", "nodes", 3, 3.5, 200), // a: 2.5 s
+		req("a", "install-cni", "patch", "nodes", 9, 9.1, 200), // a later patch: not its readiness
+		req("b", "repair", "get", "nodes", 0, 0.1, 200),        // another part: not b's start
+		req("b", "install-cni", "get", "nodes", 2, 2.1, 200),
+		req("b", "install-cni", "patch", "nodes", 3, 3.2, 409), // refused: not ready yet
+		req("b", "install-cni", "patch", "nodes", 6, 7, 200),   // b: 5 s
+		req("c", "install-cni", "get", "nodes", 2, 2.1, 200),   // c never ready: left out
+	}, t0, at(60))
+	got := w.AgentReady()
+	want := [3]time.Duration{5 * time.Second, 5 * time.Second, 5 * time.Second}
+	if got != want {
+		t.Errorf("AgentReady: %v, want %v (p50 of a's 2.5 s and b's 5 s is the upper one; c never patched)", got, want)
+	}
+	if got := In(nil, t0, at(60)).AgentReady(); got != [3]time.Duration{} {
+		t.Errorf("AgentReady of no requests: %v, want zeros", got)
+	}
+}

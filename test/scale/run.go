@@ -3,7 +3,6 @@ package scale
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -73,6 +72,12 @@ type Result struct {
 	Requests []Request
 	// WatchesAt is when the open watches were counted (the steady window's end).
 	WatchesAt time.Time
+	// WebhookMaxRSS is the largest peak resident set of the webhook's replicas at the steady
+	// window's end (the workload admitted, every Node cached).
+	WebhookMaxRSS int64
+	// HerdAgent and RolloutAgent are each agent's own time to ready in the herds: from its
+	// install-cni's first request to its patch of the node (p50, p99, max).
+	HerdAgent, RolloutAgent [3]time.Duration
 	// HeapPerNode is the growth of this process's heap per node, both containers of its agent
 	// with their informers' caches, after a GC at the steady window's end.
 	HeapPerNode float64
@@ -158,6 +163,9 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	res.WatchesAt = time.Now()
 	res.HeapPerNode = (heapObjects() - base) / float64(opts.Nodes)
+	if res.WebhookMaxRSS, err = wh.MaxRSS(); err != nil {
+		return nil, err
+	}
 	if err := c.checkCluster(ctx, opts.Detour, res); err != nil {
 		return nil, err
 	}
@@ -179,6 +187,8 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	}
 	q, throttled := In(res.Requests, herd, herdEnd).Latencies(0.5, 0.99)
 	res.HerdP50, res.HerdP99, res.Throttled = q[0], q[1], throttled
+	res.HerdAgent = In(res.Requests, herd, herdEnd).AgentReady()
+	res.RolloutAgent = In(res.Requests, rollout, rolloutEnd).AgentReady()
 	res.Steady = In(res.Requests, settled, res.WatchesAt)
 	res.Errors = c.AgentErrors()
 	q, res.RolloutThrottled = In(res.Requests, rollout, rolloutEnd).Latencies(0.99)
@@ -216,7 +226,7 @@ func sampleHWM(pid int) (peak func() int64) {
 	go func() {
 		defer close(done)
 		for {
-			hwm, err := vmHWM(pid)
+			hwm, err := procMemory(pid, "VmHWM")
 			if err != nil {
 				return // exited: its status has no memory any more
 			}
@@ -230,19 +240,19 @@ func sampleHWM(pid int) (peak func() int64) {
 	}
 }
 
-// vmHWM reads pid's VmHWM, in bytes.
-func vmHWM(pid int) (int64, error) {
+// procMemory reads one of pid's memory figures in /proc/pid/status (VmHWM, VmRSS), in bytes.
+func procMemory(pid int, field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kib, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kib << 10, err
 		}
 	}
-	return 0, errors.New("no VmHWM: the process has exited")
+	return 0, fmt.Errorf("process %d: no %s (it has exited)", pid, field)
 }
 
 // rollOut restarts every agent at once, as a rollout of the DaemonSet with maxUnavailable 100%

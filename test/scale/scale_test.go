@@ -59,7 +59,10 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 	for _, err := range res.Errors {
 		t.Errorf("an agent's container failed: %v", err)
 	}
-	t.Logf("herd: %s; API p50 %s, p99 %s; %d throttled", res.Herd.Round(time.Millisecond), res.HerdP50, res.HerdP99, res.Throttled)
+	t.Logf("herd: %s (each agent: %s); API p50 %s, p99 %s; %d throttled", res.Herd.Round(time.Millisecond), agentTimes(res.HerdAgent), res.HerdP50, res.HerdP99, res.Throttled)
+	if res.HerdAgent[0] <= 0 || res.RolloutAgent[0] <= 0 {
+		t.Errorf("no agent's time to ready read from the audit log: herd %v, rollout %v", res.HerdAgent, res.RolloutAgent)
+	}
 	if res.Throttled > 0 {
 		t.Errorf("the API server answered %d requests 429 during the herd of %d nodes", res.Throttled, nodes)
 	}
@@ -100,7 +103,11 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 			t.Errorf("%s has watches open on %d nodes, want every one of the %d", part, len(open), nodes)
 		}
 	}
-	t.Logf("detour check --cluster over %d pods: %s, peak RSS %d MiB", res.Admission.Pods, res.Check.Round(time.Millisecond), res.CheckMaxRSS>>20)
+	t.Logf("detour check --cluster over %d pods: %s, peak RSS %d MiB; the webhook's peak RSS %d MiB", res.Admission.Pods, res.Check.Round(time.Millisecond), res.CheckMaxRSS>>20, res.WebhookMaxRSS>>20)
+	// Its own memory, not this process's (a child's rusage would carry this process's peak).
+	if res.CheckMaxRSS <= 0 || res.CheckMaxRSS > 256<<20 {
+		t.Errorf("detour check --cluster's peak RSS over %d pods: %d MiB, want its own few dozen", res.Admission.Pods, res.CheckMaxRSS>>20)
+	}
 	// It read every pod: the workload's are injected, and none of their validators failed.
 	for _, want := range []string{"every pod of an opted-in namespace is injected", fmt.Sprintf("(%d injected pods)", res.Admission.Pods)} {
 		if !strings.Contains(res.CheckOutput, want) {

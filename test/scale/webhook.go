@@ -155,6 +155,19 @@ func (w *Webhook) Stop() error {
 	return errors.Join(errs...)
 }
 
+// MaxRSS is the largest peak resident set (VmHWM) of the replicas.
+func (w *Webhook) MaxRSS() (int64, error) {
+	var peak int64
+	for _, p := range w.procs {
+		hwm, err := procMemory(p.Process.Pid, "VmHWM")
+		if err != nil {
+			return 0, fmt.Errorf("the webhook's memory: %w", err)
+		}
+		peak = max(peak, hwm)
+	}
+	return peak, nil
+}
+
 // freePorts returns n ports free on 127.0.0.1 now.
 func freePorts(n int) ([]int, error) {
 	var ports []int

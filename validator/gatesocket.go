@@ -119,10 +119,11 @@ func (g *GateServer) accept() {
 // when none has — a check that finds no redirect may fail before the kubelet's exec of the hook
 // has begun — gives the hooks up to a second to read the verdict, so that each reports the
 // check's message before the check's exit ends them, and, when it told one, waits up to
-// StopWait for the kubelet to stop the container (see the top of this file).
-func (g *GateServer) Verdict(err error, hookWait time.Duration) {
+// StopWait for the kubelet to stop the container (see the top of this file). It reports whether
+// that wait ran out.
+func (g *GateServer) Verdict(err error, hookWait time.Duration) (unstopped bool) {
 	if g == nil {
-		return
+		return false
 	}
 	defer g.unwatch()
 	g.mu.Lock()
@@ -167,8 +168,10 @@ func (g *GateServer) Verdict(err error, hookWait time.Duration) {
 		select {
 		case <-g.stopped:
 		case <-time.After(StopWait):
+			return true
 		}
 	}
+	return false
 }
 
 // Aborted reports whether ctx (from [ListenGate]) ended because the hook went away or the

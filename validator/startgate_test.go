@@ -273,7 +273,12 @@ func TestGateFailedCheckWaitsToBeStopped(t *testing.T) {
 	failed := &Error{Code: ExitNoRedirect, Msg: "no redirect"}
 	verdictReturns := func(g *GateServer, hookWait time.Duration) <-chan struct{} {
 		done := make(chan struct{})
-		go func() { g.Verdict(failed, hookWait); close(done) }()
+		go func() {
+			if g.Verdict(failed, hookWait) {
+				t.Error("Verdict says the container was not stopped in time")
+			}
+			close(done)
+		}()
 		return done
 	}
 	t.Run("told a hook", func(t *testing.T) {

@@ -63,7 +63,9 @@ Exit codes: 0 redirect in place; 42 no redirect (the detour repair controller re
 				if abort, ok := validator.Aborted(ctx); ok {
 					err = abort
 				}
-				gate.Verdict(err, hookWait)
+				if gate.Verdict(err, hookWait) {
+					fmt.Fprintf(cmd.ErrOrStderr(), "detour validate: the kubelet did not stop the container within %s of the start gate's hook learning that the check failed; exiting on its own\n", validator.StopWait)
+				}
 				return &ExitError{Code: validator.Code(err), Err: err}
 			}
 			gate.Verdict(nil, 0)

@@ -239,10 +239,25 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 			t.Fatalf("%s: first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy alone", p.Name, proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
 		}
 		// Fail closed: nothing after the proxy ever ran, through three runs of the failing check.
+		ranBehind := false
 		for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
 			if s.Name != annotations.ProxyContainer && (s.State.Running != nil || s.State.Terminated != nil || s.LastTerminationState.Terminated != nil) {
 				t.Errorf("%s: container %s ran although the proxy's check found no redirect: %s", p.Name, s.Name, framework.ContainerStates(p))
+				ranBehind = true
 			}
+		}
+		if ranBehind {
+			// What the race needs to be told apart: the check's own last words (did the kubelet
+			// stop it?) and the kubelet's record of this pod's containers.
+			prev, err := pods.GetLogs(p.Name, &corev1.PodLogOptions{Container: annotations.ProxyContainer, Previous: true}).DoRaw(ctx)
+			t.Logf("%s: the proxy's previous run logged (err %v):\n%s", p.Name, err, prev)
+			var lines []string
+			for line := range strings.Lines(string(kubelet)) {
+				if strings.Contains(line, "hookgate/"+p.Name) || strings.Contains(line, `pod="hookgate/`+p.Name+`"`) {
+					lines = append(lines, line)
+				}
+			}
+			t.Logf("%s: the kubelet's log about it (%d lines):\n%s", p.Name, len(lines), framework.Tail(strings.Join(lines, ""), 80))
 		}
 		// What the user sees: the hook's failure event, and the check's reason in the kubelet's
 		// record of the hook's error.

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	authv1 "k8s.io/api/authentication/v1"
@@ -32,6 +33,11 @@ type Agent struct {
 	Pod  *corev1.Pod
 	// Health is where install-cni serves /readyz.
 	Health string
+
+	// started is when its containers started; ready how long after that its /readyz first
+	// answered 200, as the rollout's poll saw it (zero until then).
+	started time.Time
+	ready   time.Duration
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -70,6 +76,7 @@ func (c *Cluster) StartAgent(ctx context.Context, ds *appsv1.DaemonSet, i int) (
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	a.cancel = cancel
 	stub := c.pluginStub()
+	a.started = time.Now()
 	for _, ctr := range ds.Spec.Template.Spec.Containers {
 		args, err := a.args(ctr, stub, c.Config.Host)
 		if err != nil {

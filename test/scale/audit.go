@@ -236,6 +236,11 @@ func (w Window) AgentReady() [3]time.Duration {
 	for node, t := range ready {
 		d = append(d, t.Sub(first[node]))
 	}
+	return spread(d)
+}
+
+// spread is d's p50, p99 and largest (zeros for none); it sorts d.
+func spread(d []time.Duration) [3]time.Duration {
 	if len(d) == 0 {
 		return [3]time.Duration{}
 	}

@@ -75,8 +75,10 @@ type Result struct {
 	// WebhookMaxRSS is the largest peak resident set of the webhook's replicas at the steady
 	// window's end (the workload admitted, every Node cached).
 	WebhookMaxRSS int64
-	// HerdAgent and RolloutAgent are each agent's own time to ready in the herds: from its
-	// install-cni's first request to its patch of the node (p50, p99, max).
+	// HerdAgent and RolloutAgent are each agent's own time to ready in the herds (p50, p99,
+	// max): in the cold install from its install-cni's first request to its patch of the node
+	// (the audit log's); in the rollout, whose nodes are labelled already, from its containers'
+	// start to its /readyz's first 200 (the harness's poll, every 500 ms).
 	HerdAgent, RolloutAgent [3]time.Duration
 	// HeapPerNode is the growth of this process's heap per node, both containers of its agent
 	// with their informers' caches, after a GC at the steady window's end.
@@ -188,12 +190,21 @@ func Run(ctx context.Context, opts Options) (*Result, error) {
 	q, throttled := In(res.Requests, herd, herdEnd).Latencies(0.5, 0.99)
 	res.HerdP50, res.HerdP99, res.Throttled = q[0], q[1], throttled
 	res.HerdAgent = In(res.Requests, herd, herdEnd).AgentReady()
-	res.RolloutAgent = In(res.Requests, rollout, rolloutEnd).AgentReady()
+	res.RolloutAgent = readyTimes(agents)
 	res.Steady = In(res.Requests, settled, res.WatchesAt)
 	res.Errors = c.AgentErrors()
 	q, res.RolloutThrottled = In(res.Requests, rollout, rolloutEnd).Latencies(0.99)
 	res.RolloutP99 = q[0]
 	return res, nil
+}
+
+// readyTimes are the agents' times to ready in the rollout: p50, p99, max.
+func readyTimes(agents []*Agent) [3]time.Duration {
+	var d []time.Duration
+	for _, a := range agents {
+		d = append(d, a.ready)
+	}
+	return spread(d)
 }
 
 // checkCluster runs `detour check --cluster` as the admin and records its time and peak
@@ -284,16 +295,21 @@ func (c *Cluster) rollOut(ctx context.Context, ds *appsv1.DaemonSet, agents []*A
 	if err := g.Wait(); err != nil {
 		return err
 	}
-	return wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+	return wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
 		if errs := c.AgentErrors(); len(errs) > 0 {
 			return false, fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
 		}
+		waiting := 0
 		for _, a := range agents {
-			if !a.Ready(ctx) {
-				return false, nil
+			if a.ready == 0 {
+				if a.Ready(ctx) {
+					a.ready = time.Since(a.started)
+				} else {
+					waiting++
+				}
 			}
 		}
-		return true, nil
+		return waiting == 0, nil
 	})
 }
 

@@ -61,7 +61,7 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 	}
 	t.Logf("herd: %s (each agent: %s); API p50 %s, p99 %s; %d throttled", res.Herd.Round(time.Millisecond), agentTimes(res.HerdAgent), res.HerdP50, res.HerdP99, res.Throttled)
 	if res.HerdAgent[0] <= 0 || res.RolloutAgent[0] <= 0 {
-		t.Errorf("no agent's time to ready read from the audit log: herd %v, rollout %v", res.HerdAgent, res.RolloutAgent)
+		t.Errorf("no agent's time to ready: herd %v (from the audit log), rollout %v (from the harness's poll)", res.HerdAgent, res.RolloutAgent)
 	}
 	if res.Throttled > 0 {
 		t.Errorf("the API server answered %d requests 429 during the herd of %d nodes", res.Throttled, nodes)

@@ -15,6 +15,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
+
 	"github.com/detourmesh/detour/internal/controlplane"
 	"github.com/detourmesh/detour/test/scale"
 )
@@ -25,6 +28,9 @@ func main() {
 	report := flag.String("report", "bin/scale/report.md", "where the table is written (and printed)")
 	dir := flag.String("dir", "", "where each run writes its audit log and nodes (default: a temporary directory, removed after a run that succeeded)")
 	flag.Parse()
+	// envtest, which starts each size's control plane, logs through controller-runtime; its
+	// lines are not the table's.
+	ctrllog.SetLogger(logr.Discard())
 	if err := run(*sizes, *steady, *report, *dir); err != nil {
 		fmt.Fprintln(os.Stderr, "scale:", err)
 		os.Exit(1)

@@ -55,10 +55,15 @@ func startGate(res Result, cfg *Config, s settings) (annotations.StartGateValue,
 }
 
 // HookWait is how long a check at the proxy's start that failed waits for the start gate's hook
-// to join and take its message (the folded check's --hook-wait): the kubelet runs the hook right
-// after starting the container (tens of milliseconds on the real node). It is short because a
-// failed check that no hook watches keeps the container running while it waits.
-const HookWait = time.Second
+// to join and take its message (the folded check's --hook-wait). The kubelet runs the hook right
+// after starting the container: tens of milliseconds on an idle node, but seconds on a loaded
+// one, and a check that gives up first exits on its own — for some milliseconds containerd then
+// still lists the container running, a relist shows the kubelet a started sidecar, and it starts
+// the pod's next containers behind the failed check (the hook-gate story saw it with 20 pods on
+// two busy cores: HookWait was 1 s). While the check waits, the kubelet starts nothing after the
+// proxy: it is still running the hook. What the longer wait costs: a kubelet that restarts
+// within it finds the failed check's container running.
+const HookWait = 10 * time.Second
 
 // autoStartGate is the gate proxy.startGate auto chooses where the hook can be had: the hook,
 // Ready 1.2 s sooner than with the probe on the real node (p50, 1.68 s against 2.83 s) and

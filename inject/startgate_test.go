@@ -83,8 +83,8 @@ func TestMutateHookGate(t *testing.T) {
 		t.Errorf("a preStop hook appeared: %+v", p.Lifecycle.PreStop)
 	}
 	// The check waits a moment for the hook after a failure, so that the hook reports it.
-	if !slices.Contains(p.Command, "--hook-wait=1s") || slices.Index(p.Command, "--hook-wait=1s") > slices.Index(p.Command, "--") {
-		t.Errorf("proxy command %q: want --hook-wait=1s among the check's flags", p.Command)
+	if !slices.Contains(p.Command, "--hook-wait=10s") || slices.Index(p.Command, "--hook-wait=10s") > slices.Index(p.Command, "--") {
+		t.Errorf("proxy command %q: want --hook-wait=10s among the check's flags", p.Command)
 	}
 	// The hook's binary is the folded check's: the same image volume and mount.
 	if !strings.HasPrefix(want[0], p.VolumeMounts[0].MountPath+"/") || p.Command[0] != want[0] {

@@ -51,7 +51,7 @@ func TestMutateFoldsTheValidatorIntoTheProxy(t *testing.T) {
 	// a sentinel, and tries the outbound port when a node's older plugin sends them there.
 	// With detour's postStart hook as its start gate (proxy.startGate auto), the check waits a
 	// moment for the hook after a failure (--hook-wait).
-	wantCmd := []string{"/.detour/opt/detour/bin/detour", "validate", "--port=4142", "--fallback-port=4140", "--timeout=3s", "--hook-wait=1s", "--"}
+	wantCmd := []string{"/.detour/opt/detour/bin/detour", "validate", "--port=4142", "--fallback-port=4140", "--timeout=3s", "--hook-wait=10s", "--"}
 	if got := pod.Annotations[annotations.ValidatorCheckPort]; got != "4142" {
 		t.Errorf("%s = %q, want 4142", annotations.ValidatorCheckPort, got)
 	}

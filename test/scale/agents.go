@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/internal/cli"
+	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
 // Agent is detour's node agent on one simulated node: its pod (as the DaemonSet controller
@@ -35,9 +37,9 @@ type Agent struct {
 	Health string
 
 	// started is when its containers started; ready how long after that its /readyz first
-	// answered 200, as the rollout's poll saw it (zero until then).
+	// answered 200, once [Agent.awaitReady] saw it (zero until then).
 	started time.Time
-	ready   time.Duration
+	ready   atomic.Int64
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -117,6 +119,21 @@ func (a *Agent) Ready(ctx context.Context) bool {
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
 }
+
+// awaitReady polls install-cni's /readyz every 100 ms from now until it answers 200 or ctx
+// ends, and records how long after its containers' start that was.
+func (a *Agent) awaitReady(ctx context.Context) {
+	for ctx.Err() == nil {
+		if a.Ready(ctx) {
+			a.ready.Store(int64(time.Since(a.started)))
+			return
+		}
+		ctxtime.Sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+// readyAfter is how long after its start the agent was seen ready (zero: not yet).
+func (a *Agent) readyAfter() time.Duration { return time.Duration(a.ready.Load()) }
 
 // healthAddr is where node i's install-cni serves its probes: a loopback address of the node's
 // own (all of 127.0.0.0/8 is the loopback's on Linux) and a fixed port. A port picked free on

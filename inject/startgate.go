@@ -67,8 +67,10 @@ const HookWait = 10 * time.Second
 
 // autoStartGate is the gate proxy.startGate auto chooses where the hook can be had: the hook,
 // Ready 1.2 s sooner than with the probe on the real node (p50, 1.68 s against 2.83 s) and
-// fail-closed wherever the kubelet runs on (docs/benchmarks.md, "The proxy's start gate";
-// docs/webhook.md says the one difference: a kubelet that dies before the hook joins the check).
+// fail-closed wherever the kubelet runs on (docs/benchmarks.md, "The proxy's start gate") —
+// except, as docs/webhook.md says, a kubelet that dies before the hook joins the check, and a
+// heavily loaded node where the kubelet can act on a status that still shows a killed proxy
+// running (2 of 20 pods on two busy cores); the startup probe is not fooled by either.
 var autoStartGate = annotations.StartGateHook
 
 // hookGate makes the proxy's postStart hook its start gate: detour's binary from the image

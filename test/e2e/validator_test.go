@@ -253,7 +253,7 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 			t.Logf("%s: the proxy's previous run logged (err %v):\n%s", p.Name, err, prev)
 			var lines []string
 			for line := range strings.Lines(string(kubelet)) {
-				if strings.Contains(line, "hookgate/"+p.Name) || strings.Contains(line, `pod="hookgate/`+p.Name+`"`) {
+				if strings.Contains(line, `"hookgate/`+p.Name+`"`) { // pod="…" and pods=["…"], not gated-10 for gated-1
 					lines = append(lines, line)
 				}
 			}

@@ -151,6 +151,15 @@ func (c *Cluster) agentFailed(err error) {
 	c.agentErrs = append(c.agentErrs, err)
 }
 
+// agentsFailed is an error that says how many agents' containers failed, and the first
+// failure, or nil.
+func (c *Cluster) agentsFailed() error {
+	if errs := c.AgentErrors(); len(errs) > 0 {
+		return fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
+	}
+	return nil
+}
+
 // AgentErrors are what the agents' containers returned before they were stopped.
 func (c *Cluster) AgentErrors() []error {
 	c.mu.Lock()

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/detourmesh/detour/annotations"
+	"github.com/detourmesh/detour/hack/webhook-load/load"
 	"github.com/detourmesh/detour/internal/ctxtime"
 )
 
@@ -237,7 +238,7 @@ func sampleHWM(pid int) (peak func() int64) {
 	go func() {
 		defer close(done)
 		for {
-			hwm, err := procMemory(pid, "VmHWM")
+			hwm, err := load.PeakRSS(pid)
 			if err != nil {
 				return // exited: its status has no memory any more
 			}
@@ -249,21 +250,6 @@ func sampleHWM(pid int) (peak func() int64) {
 		<-done
 		return last.Load()
 	}
-}
-
-// procMemory reads one of pid's memory figures in /proc/pid/status (VmHWM, VmRSS), in bytes.
-func procMemory(pid int, field string) (int64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			kib, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kib << 10, err
-		}
-	}
-	return 0, fmt.Errorf("process %d: no %s (it has exited)", pid, field)
 }
 
 // rollOut restarts every agent at once, as a rollout of the DaemonSet with maxUnavailable 100%
@@ -301,8 +287,8 @@ func (c *Cluster) rollOut(ctx context.Context, ds *appsv1.DaemonSet, agents []*A
 		return err
 	}
 	return wait.PollUntilContextTimeout(ctx, 250*time.Millisecond, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
-		if errs := c.AgentErrors(); len(errs) > 0 {
-			return false, fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
+		if err := c.agentsFailed(); err != nil {
+			return false, err
 		}
 		for _, a := range agents {
 			if a.readyAfter() == 0 {
@@ -329,8 +315,8 @@ func (c *Cluster) waitNodes(ctx context.Context, what string, ok func(*corev1.No
 		if err := c.KWOKExited(); err != nil {
 			return false, err
 		}
-		if errs := c.AgentErrors(); len(errs) > 0 {
-			return false, fmt.Errorf("%d agents' containers failed, the first: %w", len(errs), errs[0])
+		if err := c.agentsFailed(); err != nil {
+			return false, err
 		}
 		nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{LabelSelector: "type=kwok"})
 		if err != nil {

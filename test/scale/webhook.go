@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/detourmesh/detour/hack/webhook-load/load"
 	"github.com/detourmesh/detour/internal/controlplane"
 )
 
@@ -159,7 +160,7 @@ func (w *Webhook) Stop() error {
 func (w *Webhook) MaxRSS() (int64, error) {
 	var peak int64
 	for _, p := range w.procs {
-		hwm, err := procMemory(p.Process.Pid, "VmHWM")
+		hwm, err := load.PeakRSS(p.Process.Pid)
 		if err != nil {
 			return 0, fmt.Errorf("the webhook's memory: %w", err)
 		}

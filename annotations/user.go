@@ -62,8 +62,8 @@ const (
 	// probe tick has seen the proxy listen.
 	StartGateProbe StartGateValue = "probe"
 	// StartGateHook: a postStart exec hook of detour's binary (from the image volume of the
-	// check at the proxy's start) that waits for what the startup probe would probe; the pod's
-	// proxy has no startup probe.
+	// check at the proxy's start) that waits for what the startup probe would probe and reports a
+	// failed check's message; the startup probe stays beside it.
 	StartGateHook StartGateValue = "hook"
 )
 

@@ -57,29 +57,25 @@ func startGate(res Result, cfg *Config, s settings) (annotations.StartGateValue,
 // HookWait is how long a check at the proxy's start that failed waits for the start gate's hook
 // to join and take its message (the folded check's --hook-wait). The kubelet runs the hook right
 // after starting the container: tens of milliseconds on an idle node, but seconds on a loaded
-// one, and a check that gives up first exits on its own — for some milliseconds containerd then
-// still lists the container running, a relist shows the kubelet a started sidecar, and it starts
-// the pod's next containers behind the failed check (the hook-gate story saw it with 20 pods on
-// two busy cores: HookWait was 1 s). While the check waits, the kubelet starts nothing after the
-// proxy: it is still running the hook. What the longer wait costs: a kubelet that restarts
-// within it finds the failed check's container running.
+// one (the hook-gate story saw 15 of 20 hooks join after a 1 s wait with two busy cores). While
+// the check waits, the kubelet starts nothing after the proxy: it is still running the hook.
 const HookWait = 10 * time.Second
 
-// autoStartGate is the gate proxy.startGate auto chooses where the hook can be had: the hook,
-// Ready 1.2 s sooner than with the probe on the real node (p50, 1.68 s against 2.83 s) and
-// fail-closed wherever the kubelet runs on (docs/benchmarks.md, "The proxy's start gate") —
-// except, as docs/webhook.md says, a kubelet that dies before the hook joins the check, and a
-// heavily loaded node where the kubelet can act on a status that still shows a killed proxy
-// running (2 of 20 pods on two busy cores); the startup probe is not fooled by either.
+// autoStartGate is the gate proxy.startGate auto chooses where the hook can be had: the hook
+// beside the startup probe, which says in kubectl why a failed check held the pod
+// (docs/webhook.md, "The proxy's start gate").
 var autoStartGate = annotations.StartGateHook
 
-// hookGate makes the proxy's postStart hook its start gate: detour's binary from the image
-// volume runs `detour wait-proxy`, which asks what the startup probe would, within the probe's
-// budget, and the startup probe goes. The kubelet starts the pod's next container only once the
-// hook has returned with the proxy running; with the startup probe in place it would also wait
-// for the probe's next tick (docs/benchmarks.md, "What holds the next container").
+// hookGate adds detour's start gate hook to the proxy: a postStart exec of detour's binary from
+// the image volume, `detour wait-proxy`, which asks what the startup probe would, within the
+// probe's budget, and reports a failed check's message as the hook's error. The startup probe
+// stays: the kubelet counts a running native sidecar without one as started, and on a loaded
+// node it has acted on a status that still showed a proxy running after its hook failed and it
+// killed it, starting the pod's next containers behind the failed check (2 of 20 pods in the
+// hook-gate story with two busy cores). A probe result belongs to one container and a failed
+// check's container never answers it, so no stale status opens the gate; what it costs is the
+// probe's next tick after the hook (docs/benchmarks.md, "The proxy's start gate").
 func hookGate(proxy *corev1.Container, cfg *Config) {
-	proxy.StartupProbe = nil
 	// A check that finds no redirect can fail before the hook's exec has begun: it waits that
 	// long for the hook, which then reports the check's message.
 	dash := slices.Index(proxy.Command, "--")

@@ -72,8 +72,10 @@ func TestMutateHookGate(t *testing.T) {
 		t.Fatalf("Mutate = %+v, %v; want the hook and only the native sidecar's warning", res, err)
 	}
 	p := pod.Spec.InitContainers[0]
-	if p.Name != annotations.ProxyContainer || p.StartupProbe != nil {
-		t.Fatalf("first init container %q, startup probe %+v: want the proxy without its startup probe (a probe tick would hold the pod again)", p.Name, p.StartupProbe)
+	// The probe stays beside the hook: without it the kubelet counts a running proxy as started,
+	// a stale status of a proxy whose check failed included.
+	if p.Name != annotations.ProxyContainer || !reflect.DeepEqual(p.StartupProbe, cfg.Proxy.StartupProbe) {
+		t.Fatalf("first init container %q, startup probe %+v: want the proxy with its startup probe %+v", p.Name, p.StartupProbe, cfg.Proxy.StartupProbe)
 	}
 	want := []string{"/.detour/opt/detour/bin/detour", "wait-proxy", "--probe=tcp://:4191", "--timeout=30s", "--attempt-timeout=1s", "--check-port=4142"}
 	if p.Lifecycle == nil || p.Lifecycle.PostStart == nil || p.Lifecycle.PostStart.Exec == nil || !slices.Equal(p.Lifecycle.PostStart.Exec.Command, want) {
@@ -157,7 +159,8 @@ func TestMutateStartGateChoices(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := newPod(annotate(tc.ann...))
-			res, err := Mutate(pod, tc.in, gateConfig(t, tc.gate, tc.probe))
+			cfg := gateConfig(t, tc.gate, tc.probe)
+			res, err := Mutate(pod, tc.in, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -166,7 +169,7 @@ func TestMutateStartGateChoices(t *testing.T) {
 				t.Errorf("gate %q, warnings %q; want %q and a warning saying %q", res.StartGate, warnings, tc.want, tc.warning)
 			}
 			proxy := find(slices.Concat(pod.Spec.InitContainers, pod.Spec.Containers), annotations.ProxyContainer)
-			if hook := proxy.Lifecycle != nil; hook != (res.StartGate == annotations.StartGateHook) || hook == (proxy.StartupProbe != nil) {
+			if hook := proxy.Lifecycle != nil; hook != (res.StartGate == annotations.StartGateHook) || !reflect.DeepEqual(proxy.StartupProbe, cfg.Proxy.StartupProbe) {
 				t.Errorf("gate %q: lifecycle %+v, startup probe %+v", res.StartGate, proxy.Lifecycle, proxy.StartupProbe)
 			}
 		})

@@ -18,10 +18,9 @@ import (
 // check's verdict, a line: "passed", or "failed CODE MESSAGE". Two things follow:
 //
 //   - a hook that goes away before the verdict ends the check (exit 1): the kubelet that ran the
-//     hook is gone (restarted, or the pod is being deleted), and a kubelet that comes back counts
-//     a running proxy without a startup probe as started, so it would start the pod's next
-//     containers while a failing check still runs. Ended, the proxy is started again — with the
-//     hook — by the next kubelet;
+//     hook is gone (restarted, or the pod is being deleted), and would not run it again. Ended,
+//     the proxy is started again — with the hook — by the next kubelet, which meanwhile holds
+//     the pod's next containers on the proxy's startup probe;
 //   - the hook reports a failed check's message, which the kubelet shows as the hook's error
 //     (PostStartHookError), instead of dying with the check;
 //   - a check that failed and told a hook does not exit by itself: it waits for the kubelet to
@@ -32,10 +31,9 @@ import (
 //     at once, container_stop.go:128–137); a relist then shows the kubelet a running proxy
 //     without a startup probe, which it counts as started, and it starts the pod's next
 //     container behind the failed check. Stopped by the kubelet, the container's exit is
-//     recorded before StopContainer returns, so the kubelet's next look sees it exited.
-//
-// docs/webhook.md, "The proxy's start gate", says what is left: a kubelet that dies between the
-// proxy's start and the hook's connection.
+//     recorded before StopContainer returns, so the kubelet's next look usually sees it exited;
+//     on a loaded node it has not, which is why the startup probe stays beside the hook
+//     (inject.hookGate).
 
 // GateSocket is the abstract unix socket name of the check on checkPort.
 func GateSocket(checkPort uint16) string { return fmt.Sprintf("@detour-check-%d", checkPort) }

@@ -541,7 +541,7 @@ validator: {mode: image-volume, timeout: %s}
 	}
 	proxy := pod.Spec.InitContainers[0]
 	hook := proxy.Lifecycle.PostStart.Exec.Command
-	if hook[0] != inject.ValidatorBinary || proxy.StartupProbe != nil {
+	if hook[0] != inject.ValidatorBinary || proxy.StartupProbe == nil {
 		t.Fatalf("hook %q, startup probe %+v", hook, proxy.StartupProbe)
 	}
 	return proxy, hook

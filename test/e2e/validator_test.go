@@ -164,9 +164,9 @@ func validatorWhereImageVolumesAreNotPossible(t *testing.T, ctx context.Context,
 	waitDryRunValidator(t, ctx, e, annotations.ValidatorImageVolume)
 }
 
-// validatorHookGateFailsClosed (issue 36, seed 000): with detour's postStart hook as the proxy's
-// start gate (detour.dev/proxy-start-gate: hook; the proxy has no startup probe, so nothing but
-// the hook holds the pod's next containers), a pod whose redirect is missing — the node lost
+// validatorHookGateFailsClosed (issue 36, seed 000): with detour's postStart hook in the proxy's
+// start gate (detour.dev/proxy-start-gate: hook, beside the proxy's startup probe: the hook alone
+// let 2 of 20 pods through on a loaded node), a pod whose redirect is missing — the node lost
 // detour's CNI configuration — never runs its init container nor its app: the check exits 42,
 // the hook fails with the check's message, and the kubelet starts the proxy again, and again,
 // without starting anything after it. Once the node is whole, a new pod passes the gate and is
@@ -234,9 +234,9 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 	for i := range gated {
 		p := &gated[i]
 		proxy := p.Spec.InitContainers[0]
-		if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
+		if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe == nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
 			proxy.Lifecycle.PostStart.Exec == nil || !slices.Equal(proxy.Lifecycle.PostStart.Exec.Command[:2], []string{inject.ValidatorBinary, "wait-proxy"}) {
-			t.Fatalf("%s: first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy alone", p.Name, proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
+			t.Fatalf("%s: first init container %s: startup probe %+v, lifecycle %+v; want the proxy gated by detour wait-proxy and its startup probe", p.Name, proxy.Name, proxy.StartupProbe, proxy.Lifecycle)
 		}
 		// Fail closed: nothing after the proxy ever ran, through three runs of the failing check.
 		ranBehind := false
@@ -291,7 +291,7 @@ func validatorHookGateFailsClosed(t *testing.T, ctx context.Context, e *framewor
 
 // slowProxyValues configure detour with a proxy that listens 20 s after its start — longer than
 // its liveness probe's budget, 5 s × 3 — with the probes a production proxy has: a startup probe
-// the hook gate asks in its place (budget 120 s), a liveness and a readiness probe, which stay.
+// the hook gate asks too (budget 120 s), a liveness and a readiness probe.
 const slowProxyValues = `webhook:
   config:
     proxy:
@@ -301,11 +301,10 @@ const slowProxyValues = `webhook:
       readinessProbe: {httpGet: {path: /ready, port: 4191}, periodSeconds: 1}
 `
 
-// validatorSlowProxy (issue 42.1): behind the hook start gate, which takes the place of the
-// proxy's startup probe, its liveness and readiness probes stay as configured. A proxy that
-// listens 20 s after its start is never restarted by its liveness probe — the kubelet probes
-// nothing of a container whose postStart hook still runs: the pod's sync waits in the hook, and
-// the probe workers read the container's status from the status that sync writes — and the pod
+// validatorSlowProxy (issue 42.1): behind the hook start gate, beside the proxy's startup probe,
+// its liveness and readiness probes stay as configured. A proxy that listens 20 s after its
+// start is never restarted by its liveness probe — the kubelet runs no liveness probe before the
+// startup probe has passed, nor any probe of a container whose postStart hook still runs — and the pod
 // is Ready only once the proxy answers. A proxy that crashes takes its pod out of Ready until its
 // check at the new start has passed and the proxy answers again, 20 s later; it is restarted
 // once, by the crash.
@@ -320,9 +319,9 @@ func validatorSlowProxy(t *testing.T, ctx context.Context, e *framework.Env) {
 	}
 	p := e.WaitReady(t, ctx, "slowproxy", "name=slow", 1)[0]
 	proxy := p.Spec.InitContainers[0]
-	if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe != nil || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
+	if proxy.Name != annotations.ProxyContainer || proxy.StartupProbe == nil || proxy.StartupProbe.FailureThreshold != 120 || proxy.Lifecycle == nil || proxy.Lifecycle.PostStart == nil ||
 		proxy.LivenessProbe == nil || proxy.LivenessProbe.PeriodSeconds != 5 || proxy.ReadinessProbe == nil {
-		t.Fatalf("proxy %s: startup probe %+v, liveness %+v, readiness %+v, lifecycle %+v; want the hook gate with the liveness and readiness probes",
+		t.Fatalf("proxy %s: startup probe %+v, liveness %+v, readiness %+v, lifecycle %+v; want the hook gate with the startup, liveness and readiness probes",
 			proxy.Name, proxy.StartupProbe, proxy.LivenessProbe, proxy.ReadinessProbe, proxy.Lifecycle)
 	}
 	started := proxyStarted(t, &p)

@@ -75,8 +75,11 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) (*Controller, 
 	if c.metrics == nil {
 		c.metrics = NewMetrics(nil)
 	}
-	c.factory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "spec.nodeName=" + cfg.NodeName }))
+	c.factory = informers.NewSharedInformerFactoryWithOptions(listThenWatch{client}, 0,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = "spec.nodeName=" + cfg.NodeName
+			o.Limit = min(o.Limit, podPage) // a watch's 0 stays
+		}))
 	podInformer := c.factory.Core().V1().Pods()
 	inf := podInformer.Informer()
 	if err := inf.SetTransform(func(obj any) (any, error) {
@@ -108,6 +111,26 @@ func New(client kubernetes.Interface, cfg Config, opts ...Option) (*Controller, 
 	c.namespaces, c.nsSynced = nsInformer.Lister(), nsInformer.Informer().HasSynced
 	return c, nil
 }
+
+// podPage bounds the pod informer's list, which tells the API server's priority and fairness
+// how few pods it returns. Its list work estimator (k8s.io/apiserver v0.37.2,
+// list_work_estimator.go) charges a list from the watch cache as min(limit, every pod of the
+// cluster) objects, at one seat per 100 kB: a node's list without a limit — or a watch that
+// sends its initial objects, how client-go lists by default since v0.35, which has no limit —
+// costs the maximum 10 seats once the cluster has a few thousand pods, and a rollout of every
+// agent at once at 300 and 1,000 nodes was throttled (docs/scale.md). The watch cache ignores
+// the limit of the informer's first list (resourceVersion 0), so that list still returns all the
+// node's pods in one response; a relist at resourceVersion "" pages.
+const podPage = 10
+
+// listThenWatch makes the informers of its client list and then watch from the list's
+// resourceVersion (watched from a resourceVersion, a watch costs one seat) instead of opening a
+// watch that sends the initial objects (client-go's WatchListClient).
+type listThenWatch struct{ kubernetes.Interface }
+
+// IsWatchListSemanticsUnSupported is what client-go's reflector asks the client of an informer
+// before it opens a watch that sends the initial objects (watchlist.DoesClientNotSupportWatchListSemantics).
+func (listThenWatch) IsWatchListSemanticsUnSupported() bool { return true }
 
 func (c *Controller) enqueue(obj any) {
 	pod, ok := obj.(*corev1.Pod)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,9 +17,10 @@ import (
 // detour's node agent, the cold-install herd, 5 pods per node created through the webhook's
 // two replicas, and a steady state, with the API server's audit log read for what each part
 // asks per node. It checks what holds at any size — every node ready, every pod injected, every
-// request of the node agent made with its node's bound token and scoped to its own node, nothing
-// throttled, at most one request per node per minute beyond watches — and logs the figures;
-// `make scale` measures them at the sizes of docs/scale.md.
+// request of the node agent made with its node's bound token, scoped to its own node and charged
+// by the API server for that node's pods only, nothing throttled, at most one request per node
+// per minute beyond watches — and logs the figures; `make scale` measures them at the sizes of
+// docs/scale.md.
 func TestIntegrationScaleSmoke(t *testing.T) {
 	for _, b := range []string{"kube-apiserver", "etcd", "kwok", "helm", "kubectl"} {
 		testenv.Binary(t, b)
@@ -90,6 +92,9 @@ func TestIntegrationScaleSmoke(t *testing.T) {
 		if (r.Verb == "list" || r.Verb == "watch") && (r.Resource == "pods" || r.Resource == "nodes") && !scopedTo(r, r.Node) {
 			t.Errorf("%s on %s: %s %s?%s is not scoped to its node", r.Part, r.Node, r.Verb, r.Resource, r.Query)
 		}
+		if r.Resource == "pods" && chargedForEveryPod(r) {
+			t.Errorf("%s on %s: %s pods?%s: the API server charges it for every pod of the cluster (a list needs a limit of at most 10, a watch a resourceVersion and no sendInitialEvents)", r.Part, r.Node, r.Verb, r.Query)
+		}
 	}
 	for _, part := range parts {
 		perNode := res.Steady.PerNodeMinute(part, nodes, false)
@@ -125,6 +130,26 @@ func scopedTo(r Request, node string) bool {
 	}
 	sel := q.Get("fieldSelector")
 	return sel == "spec.nodeName="+node || sel == "metadata.name="+node
+}
+
+// chargedForEveryPod reports whether the API server's list work estimator charges a list or
+// watch of pods r as if it read every pod of the cluster (k8s.io/apiserver v0.37.2,
+// list_work_estimator.go): a list with no limit or one above 10, or a watch that sends its
+// initial objects (sendInitialEvents, or no resourceVersion to start from).
+func chargedForEveryPod(r Request) bool {
+	q, err := url.ParseQuery(r.Query)
+	if err != nil {
+		return true
+	}
+	switch r.Verb {
+	case "list":
+		limit, err := strconv.Atoi(q.Get("limit"))
+		return err != nil || limit < 1 || limit > 10
+	case "watch":
+		rv := q.Get("resourceVersion")
+		return q.Get("sendInitialEvents") == "true" || rv == "" || rv == "0"
+	}
+	return false
 }
 
 type testWriter struct{ t *testing.T }

@@ -29,6 +29,7 @@ func NewRoot() *cobra.Command {
 		// Each component adds its command here.
 		newValidateCommand(), newInstallCNICommand(), newRepairCommand(),
 		newWebhookCommand(), newInjectCommand(), newRulesCommand(), newCheckCommand(), newWaitProxyCommand(),
+		newVersionCommand(),
 	)
 	return root
 }

@@ -4,20 +4,27 @@
 # Semantic versions: the file VERSION holds the release being made (the chart's version, and
 # its appVersion with a v, the image's tag); a build from the working tree is that release's
 # -dev.<commit> unless VERSION=vX.Y.Z is given (a release build). hack/previous-release names
-# the release before it; CHANGELOG.md lists them.
+# the release before it; CHANGELOG.md lists them. COMMIT is the full hash `detour version`
+# prints (with -dirty for a working tree with changes; empty outside a git checkout).
 VERSION ?= v$(shell cat VERSION)-dev.$(shell git describe --always --dirty 2>/dev/null || echo unknown)
-LDFLAGS := -s -w -X github.com/detourmesh/detour/internal/version.Version=$(VERSION)
+COMMIT ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD && echo $$c || echo $$c-dirty; })
+LDFLAGS := -s -w -X github.com/detourmesh/detour/internal/version.Version=$(VERSION) -X github.com/detourmesh/detour/internal/version.Commit=$(COMMIT)
 GOFLAGS_BUILD := -trimpath -ldflags "$(LDFLAGS)"
 export CGO_ENABLED ?= 0
 BIN := bin
 
-.PHONY: all build test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy e2e-dualstack scale soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
+.PHONY: all build reproducible test e2e e2e-cluster e2e-upgrade e2e-versions e2e-haproxy e2e-dualstack scale soak conformance conformance-haproxy netpol-cilium lint fuzz bench bench-iptables bench-cni bench-webhook bench-e2e bench-datapath test-binaries demo image manifests clean
 
 all: build
 
 build:
 	go build $(GOFLAGS_BUILD) -o $(BIN)/detour ./cmd/detour
 	go build $(GOFLAGS_BUILD) -o $(BIN)/detour-cni ./cmd/detour-cni
+
+# Two builds of this commit give the same binaries and image digest (CI runs it): the second
+# build compiles every package again from an empty build cache.
+reproducible:
+	bash hack/reproducible.sh
 
 # Every test, privileged ones included when run as root (CI sets DETOUR_REQUIRE_PRIVILEGED=1,
 # which makes them required).

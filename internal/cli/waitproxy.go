@@ -34,8 +34,9 @@ also proves the redirect is in place.
 With --check-port it also joins the check (an abstract unix socket of the pod's network namespace):
 when the check fails it exits 1 at once with the check's message, which the kubelet shows as the
 hook's error; when it goes away before the check decided (the kubelet that ran it restarted, or the
-pod is being deleted), the check ends too, so that a kubelet that comes back, seeing the proxy run,
-cannot start the pod's next containers while a failing check still runs.
+pod is being deleted), the check ends too, and the next kubelet starts the proxy again with its hook.
+The proxy keeps its startup probe beside the hook: the kubelet starts the pod's next container once
+both have passed.
 
 It exits 0 once the proxy answers; 1 when the check failed, or --timeout passed first (the kubelet then
 stops the proxy, records FailedPostStartHook and starts it again); 2 on bad flags. See docs/webhook.md.`,

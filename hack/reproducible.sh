@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 tmp=$(mktemp -d)
-trap 'chmod -R u+w "$tmp"; rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp"' EXIT
 make -s build BIN="$tmp/a"
 start=$SECONDS
 GOCACHE="$tmp/gocache" make -s build BIN="$tmp/b"

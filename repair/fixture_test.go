@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
@@ -191,7 +192,7 @@ func (f *fixture) add(t *testing.T, pod *corev1.Pod) {
 
 // newNodeController returns a controller of node-1 on client with the default flags, logging
 // nowhere.
-func newNodeController(t *testing.T, client *fake.Clientset, modify ...func(*Flags)) *Controller {
+func newNodeController(t *testing.T, client kubernetes.Interface, modify ...func(*Flags)) *Controller {
 	t.Helper()
 	flags := DefaultFlags()
 	flags.NodeName = "node-1"

@@ -50,16 +50,7 @@ func TestPodInformerListsThenWatches(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flags := DefaultFlags()
-	flags.NodeName = "node-1"
-	cfg, err := flags.Parse()
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := New(client, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newNodeController(t, client)
 	ctx, cancel := context.WithCancel(context.Background())
 	c.factory.Start(ctx.Done())
 	defer func() { cancel(); c.factory.Shutdown() }()

@@ -114,10 +114,10 @@ func ProxyPassed(pod *corev1.Pod) bool {
 // proxyPassed reports whether the proxy, the init container whose status is the i-th, has passed
 // the check of its current run. Its status must say Started; with a startup probe (or a proxy
 // the pod's spec does not show) that is proof enough: only the proxy the check execs answers
-// the probe. Without one — detour's postStart hook is the start gate — the kubelet starts the
-// pod's next container only once the hook passed, so the proof is a container after the proxy
-// that started (API times have whole seconds: at the same second or later) since the proxy's
-// current run began.
+// the probe. Without one — detour's postStart hook alone is the start gate, as development builds
+// before the probe stayed beside it injected — the kubelet starts the pod's next container only
+// once the hook passed, so the proof is a container after the proxy that started (API times
+// have whole seconds: at the same second or later) since the proxy's current run began.
 func proxyPassed(pod *corev1.Pod, i int) bool {
 	s := pod.Status.InitContainerStatuses[i]
 	if s.Started == nil || !*s.Started {

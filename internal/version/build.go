@@ -10,7 +10,8 @@ import (
 type Build struct {
 	Version string
 	// Commit is the commit the binary was built from: [Commit] as the build set it, else the
-	// revision Go's -buildvcs recorded (with " (modified)" for a working tree with changes);
+	// revision Go's -buildvcs recorded (with "-dirty" for a working tree with changes, as make
+	// build names it);
 	// empty where the build had neither.
 	Commit    string
 	GoVersion string
@@ -38,7 +39,7 @@ func Read() Build {
 	if b.Commit == "" && set["vcs.revision"] != "" {
 		b.Commit = set["vcs.revision"]
 		if set["vcs.modified"] == "true" {
-			b.Commit += " (modified)"
+			b.Commit += "-dirty"
 		}
 	}
 	b.Platform = set["GOOS"] + "/" + set["GOARCH"]
